@@ -1,0 +1,25 @@
+"""Algorithms, one file each, registered by name; `build_algorithm` is how the trainer makes one."""
+from __future__ import annotations
+
+from typing import Any
+
+from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext, StepOutput
+from raybench.algorithms.registry import ALGORITHMS, register
+from raybench.models.base import FeaturizerHead
+
+from raybench.algorithms import coral, dann, erm, fixmatch, noisy_student, pseudolabel  # noqa: E402,F401
+
+
+def parse_hparams(name: str, values: dict[str, Any]) -> Hparams:
+    return ALGORITHMS.get(name).Hparams.from_dict(values, name)
+
+
+def build_algorithm(name: str, model: FeaturizerHead, hparams: dict[str, Any], context: AlgorithmContext) -> Algorithm:
+    cls = ALGORITHMS.get(name)
+    return cls(model, cls.Hparams.from_dict(hparams, name), context)
+
+
+__all__ = [
+    "ALGORITHMS", "Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "StepOutput",
+    "build_algorithm", "parse_hparams", "register",
+]

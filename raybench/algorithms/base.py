@@ -1,0 +1,174 @@
+"""The contract every algorithm meets, and the only thing that differs between algorithms.
+
+An algorithm owns a `FeaturizerHead` (plus any extra modules, e.g. DANN's discriminator) and turns
+one labeled batch and, if it uses unlabeled data, one unlabeled batch into a loss and a few logged
+numbers (`objective`). Epochs, accumulation, optimisers, evaluation, checkpoints and reporting belong
+to the one trainer (raybench/train.py), so an algorithm file stays the size of its loss function.
+
+Hyperparameters are a dataclass per algorithm (`Hparams`), so their names, types and defaults are
+declared once and validated before anything runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raybench.data.base import Batch, Split, Task, TaskKind, Views
+from raybench.models.base import FeaturizerHead
+
+
+@dataclass
+class Hparams:
+    """Base of every algorithm's hyperparameters; subclasses add typed fields with defaults."""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], algorithm: str) -> "Hparams":
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(
+                f"algorithm {algorithm!r} has no hyperparameter {unknown[0]!r}; "
+                f"its hyperparameters are: {', '.join(known) or '(none)'}"
+            )
+        return cls(**{k: coerce(v, known[k].type, f"{algorithm}.{k}") for k, v in values.items()})
+
+
+def coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Turn a CLI string or YAML scalar into the annotated type, with one clear message when it can't."""
+    kind = str(annotation).replace("typing.", "")
+    optional = "Optional" in kind or "None" in kind
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
+        if optional:
+            return None
+        raise ValueError(f"{where}: expected a value of type {kind}, got None")
+    base = next((t for t in ("bool", "int", "float", "str") if t in kind), "str")
+    try:
+        if base == "bool":
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if base == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        return {"float": float, "str": str}[base](value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected {base}, got {value!r}") from None
+
+
+@dataclass
+class StepOutput:
+    """The loss to minimise and detached numbers to log (averaged over the epoch by the trainer)."""
+
+    loss: Tensor
+    logs: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class AlgorithmContext:
+    """What an algorithm may know about its run, handed over by the trainer."""
+
+    task: Task
+    views: Views
+    n_domains: int
+    total_steps: int
+
+
+@dataclass
+class RoundContext:
+    """Services the trainer offers multi-round algorithms (Noisy Student) at the start of each round.
+
+    `previous_model` is the best model of the previous round; `train_teacher` runs the trainer on a
+    teacher config; `load_model` reads a raybench checkpoint; `predict` runs a model over a split.
+    """
+
+    round: int
+    unlabeled: Optional[Split]
+    previous_model: Optional[FeaturizerHead]
+    train_teacher: Callable[[], tuple[FeaturizerHead, str]]
+    load_model: Callable[[str], FeaturizerHead]
+    predict: Callable[[nn.Module, Split, Callable[[Tensor], Tensor]], Tensor]
+
+
+def masked_bce(outputs: Tensor, y: Tensor) -> Tensor:
+    """Binary cross-entropy over the known (non-NaN) labels only, as OGB multi-label tasks need."""
+    known = ~torch.isnan(y)
+    return F.binary_cross_entropy_with_logits(outputs[known], y[known])
+
+
+SUPERVISED_LOSSES: dict[TaskKind, Callable[[Tensor, Tensor], Tensor]] = {
+    TaskKind.CLASSIFICATION: F.cross_entropy,
+    TaskKind.REGRESSION: lambda out, y: F.mse_loss(out.squeeze(-1), y.float()),
+    TaskKind.MULTILABEL: masked_bce,
+}
+
+
+class Algorithm(nn.Module, ABC):
+    """Base class: subclasses set `Hparams`, `uses_unlabeled`, `supported_tasks` and implement `objective`."""
+
+    Hparams: ClassVar[type[Hparams]] = Hparams
+    uses_unlabeled: ClassVar[bool] = False
+    supported_tasks: ClassVar[frozenset[TaskKind]] = frozenset(TaskKind)
+    name: ClassVar[str] = ""
+
+    def __init__(self, model: FeaturizerHead, hparams: Hparams, context: AlgorithmContext) -> None:
+        super().__init__()
+        if context.task.kind not in self.supported_tasks:
+            allowed = ", ".join(sorted(k.value for k in self.supported_tasks))
+            raise ValueError(f"algorithm {self.name!r} supports {allowed} tasks, not {context.task.kind.value}")
+        self.model = model
+        self.hparams = hparams
+        self.context = context
+
+    @abstractmethod
+    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+        """The loss for one (labeled, unlabeled) batch pair at global step `step`."""
+
+    def forward(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+        return self.objective(labeled, unlabeled, step)
+
+    def supervised_loss(self, outputs: Tensor, y: Tensor) -> Tensor:
+        return SUPERVISED_LOSSES[self.context.task.kind](outputs, y)
+
+    def param_groups(self, lr: float) -> list[dict[str, Any]]:
+        """Optimiser parameter groups; DANN overrides this for its three learning rates."""
+        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
+
+    @property
+    def rounds(self) -> int:
+        """How many train-from-scratch rounds the trainer runs (Noisy Student's teacher-student iterations)."""
+        return 1
+
+    def begin_round(self, context: RoundContext) -> dict[str, str]:
+        """Called before each round; returns facts worth logging (e.g. where the teacher came from)."""
+        return {}
+
+    @torch.no_grad()
+    def predict(self, x: Tensor) -> Tensor:
+        return self.model(self.context.views.plain(x))
+
+    def view(self, x: Tensor, strong: bool) -> Tensor:
+        views = self.context.views
+        return views.strong(x) if strong else views.plain(x)
+
+
+def pseudo_label_loss(logits: Tensor, targets_logits: Tensor, threshold: float) -> tuple[Tensor, Tensor]:
+    """CE on examples whose detached max softmax passes `threshold`, times the kept fraction.
+
+    Returns (loss, kept_fraction); the loss is exactly 0 when no example passes.
+    """
+    probs = torch.softmax(targets_logits.detach().float(), dim=-1)
+    confidence, labels = probs.max(dim=-1)
+    mask = (confidence >= threshold).float()
+    per_example = F.cross_entropy(logits, labels, reduction="none")
+    return (per_example * mask).sum() / max(len(mask), 1), mask.mean()

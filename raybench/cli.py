@@ -1,0 +1,142 @@
+"""The `raybench` command line: thin wrappers that parse, validate and hand over to the library.
+
+Every bad input ends in one line `raybench: error: <flag>: <what was wrong>` and exit status 2,
+never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from raybench.registry import UnknownNameError
+
+
+class UsageError(Exception):
+    """A user input error; printed as one line without a traceback."""
+
+
+def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set: expected key=value, got {pair!r}")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+# ----- raybench list ----------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    from raybench.algorithms import ALGORITHMS
+    from raybench.data import DATASETS
+    from raybench.models import MODELS
+
+    registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS}
+    for name in registries[args.what].names():
+        entry = registries[args.what].get(name)
+        summary = (entry.__doc__ or "").strip().splitlines()[0] if entry.__doc__ else ""
+        print(f"{name:16s} {summary}".rstrip())
+    return 0
+
+
+# ----- raybench train ---------------------------------------------------------------------------
+def cmd_train(args: argparse.Namespace) -> int:
+    from raybench.data import load_dataset
+    from raybench.trainer import ConfigError, TrainConfig, Trainer
+    from raybench.trainer.console import ConsoleCallback
+
+    flags = {"dataset": args.dataset, "algorithm": args.algorithm, "seed": args.seed}
+    if args.epochs is not None:
+        flags["epochs"] = args.epochs
+    overrides = parse_assignments(args.set)
+    clash = sorted(set(overrides) & set(flags))
+    if clash:
+        raise UsageError(f"--set {clash[0]}: use the --{clash[0].replace('_', '-')} flag instead")
+    output = Path(args.output) if args.output else None
+    if output is not None and output.exists() and not output.is_dir():
+        raise UsageError(f"--output: expected a directory, got the file {str(output)!r}")
+    try:
+        config = TrainConfig.from_flat({**flags, **overrides})
+        dataset = load_dataset(config.dataset, config.data_dir, config.data_seed)
+        trainer = Trainer(config, callbacks=[ConsoleCallback(sys.stderr, output)], dataset=dataset)
+    except UnknownNameError as err:
+        raise UsageError(f"--dataset: {err}") from None
+    except ConfigError as err:
+        flag = f"--{err.key.replace('_', '-')}" if err.key in flags else f"--set {err.key}"
+        raise UsageError(f"{flag}: {err.detail}") from None
+    result = trainer.fit()
+    summary = {
+        "dataset": config.dataset, "algorithm": config.algorithm, "seed": config.seed,
+        "best_epoch": result.best_epoch, "best": result.best_metrics, "final": result.final_metrics,
+        "info": result.info,
+    }
+    if output is not None:
+        (output / "result.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+# ----- wiring -------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own errors: one line, exit 2
+        raise UsageError(message.replace("argument ", ""))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="raybench", description="Hyperparameter search and benchmarking under distribution shift.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p_list = sub.add_parser("list", help="list registered algorithms, datasets or models")
+    p_list.add_argument("what", choices=["algorithms", "datasets", "models"])
+    p_list.set_defaults(run=cmd_list)
+
+    p_train = sub.add_parser("train", help="train one config locally (no Ray)")
+    p_train.add_argument("--dataset", default="digits-shift")
+    p_train.add_argument("--algorithm", default="erm")
+    p_train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="a trainer setting (lr, batch_size, unlabeled_ratio, ...) or an algorithm hyperparameter")
+    p_train.add_argument("--epochs", type=positive_int)
+    p_train.add_argument("--seed", type=non_negative_int, default=0)
+    p_train.add_argument("--output", help="directory for the checkpoint (state.pt, best_model.pt) and result.json")
+    p_train.set_defaults(run=cmd_train)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        run: Callable[[argparse.Namespace], int] = args.run
+        return run(args)
+    except UsageError as err:
+        print(f"raybench: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("raybench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

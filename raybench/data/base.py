@@ -1,0 +1,168 @@
+"""The dataset abstraction every algorithm, trainer and sweep sees.
+
+A `ShiftDataset` is WILDS-shaped: named labeled splits (`train`, `id_val`, `val` = OOD validation,
+`test` = OOD test, `id_test`) and named unlabeled splits (`train_unlabeled`, `val_unlabeled`,
+`test_unlabeled`, `extra_unlabeled`). Every example carries a domain id and a group id, so
+domain-alignment methods and group metrics need no dataset-specific code. The dataset also
+declares what it is (task, metrics, selection metric) and how it is usually trained (defaults),
+which is why a sweep needs nothing but its name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Mapping, Optional
+
+import torch
+from torch import Tensor
+
+LABELED_SPLITS: tuple[str, ...] = ("train", "id_val", "val", "test", "id_test")
+UNLABELED_SPLITS: tuple[str, ...] = ("train_unlabeled", "val_unlabeled", "test_unlabeled", "extra_unlabeled")
+EVAL_SPLITS: tuple[str, ...] = ("id_val", "val", "test", "id_test")
+
+
+class TaskKind(str, Enum):
+    CLASSIFICATION = "classification"
+    REGRESSION = "regression"
+    MULTILABEL = "multilabel"
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the model predicts: `n_outputs` classes, regression targets or binary labels."""
+
+    kind: TaskKind
+    n_outputs: int
+
+
+# A metric turns model outputs, targets and group ids of a whole split into one number.
+MetricFn = Callable[[Tensor, Tensor, Tensor], float]
+# A view turns a uint8 image batch into the float tensor the model sees (with or without noise).
+ViewFn = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Views:
+    """The three input pipelines of WILDS 2.0 App. C: plain (eval), weak (flip/crop), strong (+RandAugment+Cutout)."""
+
+    plain: ViewFn
+    weak: ViewFn
+    strong: ViewFn
+
+
+@dataclass(frozen=True)
+class TrainDefaults:
+    """How this dataset is trained when the user says nothing (WILDS 1.0 configs for real data)."""
+
+    model: str
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    scheduler: Optional[str] = None
+    scheduler_gamma: float = 0.96
+    batch_size: int = 64
+    epochs: int = 10
+    unlabeled_ratio: int = 3
+    unlabeled_split: str = "test_unlabeled"
+    grad_clip: Optional[float] = None
+
+
+@dataclass
+class Batch:
+    """A batch of examples; `index` points back into its split so per-example state can be kept."""
+
+    x: Tensor
+    y: Optional[Tensor]
+    domain: Tensor
+    group: Tensor
+    index: Tensor
+
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(
+            x=self.x.to(device, non_blocking=True),
+            y=None if self.y is None else self.y.to(device, non_blocking=True),
+            domain=self.domain.to(device, non_blocking=True),
+            group=self.group.to(device, non_blocking=True),
+            index=self.index,
+        )
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+
+@dataclass
+class Split:
+    """One split held in memory as tensors; `y` is None for unlabeled splits."""
+
+    name: str
+    x: Tensor
+    y: Optional[Tensor]
+    domain: Tensor
+    group: Tensor
+
+    def __post_init__(self) -> None:
+        n = len(self.x)
+        for key in ("domain", "group") + (("y",) if self.y is not None else ()):
+            if len(getattr(self, key)) != n:
+                raise ValueError(f"split {self.name!r}: {key} has {len(getattr(self, key))} rows, x has {n}")
+
+    @property
+    def labeled(self) -> bool:
+        return self.y is not None
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def take(self, index: Tensor) -> Batch:
+        return Batch(
+            x=self.x[index],
+            y=None if self.y is None else self.y[index],
+            domain=self.domain[index],
+            group=self.group[index],
+            index=index,
+        )
+
+
+@dataclass
+class ShiftDataset:
+    """A dataset with WILDS-shaped labeled and unlabeled splits plus everything needed to train on it."""
+
+    name: str
+    task: Task
+    splits: Mapping[str, Split]
+    metrics: Mapping[str, MetricFn]
+    selection_metric: str
+    defaults: TrainDefaults
+    views: Views
+    domain_names: tuple[str, ...]
+    input_shape: tuple[int, ...]
+    description: str = ""
+    info: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        known = set(LABELED_SPLITS) | set(UNLABELED_SPLITS)
+        unknown = set(self.splits) - known
+        if unknown:
+            raise ValueError(f"dataset {self.name!r}: unknown split names {sorted(unknown)}; allowed: {sorted(known)}")
+        for name in self.splits:
+            if (name in LABELED_SPLITS) != self.splits[name].labeled:
+                raise ValueError(f"dataset {self.name!r}: split {name!r} has the wrong labeled/unlabeled kind")
+
+    @property
+    def n_domains(self) -> int:
+        return len(self.domain_names)
+
+    def split(self, name: str) -> Split:
+        if name not in self.splits:
+            raise KeyError(f"dataset {self.name!r} has no split {name!r}; it has: {', '.join(self.splits)}")
+        return self.splits[name]
+
+    @property
+    def eval_splits(self) -> list[str]:
+        return [s for s in EVAL_SPLITS if s in self.splits]
+
+    def evaluate(self, split_name: str, outputs: Tensor, split: Split) -> dict[str, float]:
+        """Every declared metric on one split, named uniformly as `<split>/<metric>`."""
+        assert split.y is not None
+        return {f"{split_name}/{name}": float(fn(outputs, split.y, split.group)) for name, fn in self.metrics.items()}

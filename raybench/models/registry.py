@@ -1,0 +1,20 @@
+"""The model registry: builders take a `ModelSpec` and return a `FeaturizerHead`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from raybench.models.base import FeaturizerHead
+from raybench.registry import Registry
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    input_shape: tuple[int, ...]
+    n_outputs: int
+    weights: Optional[Path] = None
+
+
+ModelBuilder = Callable[[ModelSpec], FeaturizerHead]
+MODELS: Registry[ModelBuilder] = Registry("model")

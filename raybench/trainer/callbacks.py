@@ -1,0 +1,27 @@
+"""How the trainer talks to the outside (console, Ray, MLflow) without importing any of them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass
+class EpochReport:
+    """One epoch's outcome. `write_checkpoint(dir)` saves a resumable state plus the best model so far."""
+
+    epoch: int
+    round: int
+    metrics: dict[str, float]
+    is_best: bool
+    write_checkpoint: Callable[[Path], None]
+
+
+class Callback:
+    """Override what you need; the trainer calls these in order for every callback it was given."""
+
+    def on_info(self, facts: dict[str, str]) -> None:
+        """Facts about the run decided while it runs (e.g. Noisy Student's teacher source)."""
+
+    def on_epoch_end(self, report: EpochReport) -> None:
+        """After evaluation of each epoch."""

@@ -1,0 +1,148 @@
+"""`TrainConfig`: one flat, typed record of everything that defines a training run.
+
+Flat on purpose: a Tune trial config, a `--set key=value` list and a YAML search space all map onto it
+directly. Keys that are not fields are the algorithm's hyperparameters, validated against its
+`Hparams` dataclass. Unset fields (None) take the dataset's defaults in `resolve`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from raybench.algorithms import ALGORITHMS
+from raybench.algorithms.base import coerce
+from raybench.data.base import ShiftDataset
+from raybench.models import MODELS
+from raybench.trainer.optim import OPTIMIZERS, SCHEDULES
+
+
+class ConfigError(ValueError):
+    """A config value that is wrong; `key` names it and the message says the value and what was expected."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"{key}: {detail}")
+        self.key, self.detail = key, detail
+
+
+@dataclass
+class TrainConfig:
+    dataset: str = "digits-shift"
+    algorithm: str = "erm"
+    model: Optional[str] = None
+    model_weights: Optional[str] = None
+    optimizer: Optional[str] = None
+    lr: Optional[float] = None
+    weight_decay: Optional[float] = None
+    momentum: Optional[float] = None
+    scheduler: Optional[str] = None
+    batch_size: Optional[int] = None
+    unlabeled_ratio: Optional[int] = None
+    unlabeled_split: Optional[str] = None
+    epochs: Optional[int] = None
+    grad_accum: int = 1
+    grad_clip: Optional[float] = None
+    patience: Optional[int] = None
+    seed: int = 0
+    max_steps_per_epoch: Optional[int] = None
+    selection_metric: Optional[str] = None
+    data_dir: Optional[str] = None
+    data_seed: int = 0
+    device: str = "auto"
+    eval_batch_size: int = 512
+    hparams: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name != "hparams"]
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> "TrainConfig":
+        """Split a flat dict into fields and algorithm hyperparameters, coercing and validating both."""
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in values.items() if k in types and k != "hparams"}
+        hparams = {**values.get("hparams", {}), **{k: v for k, v in values.items() if k not in types}}
+        fields = {}
+        for key, value in known.items():
+            try:
+                fields[key] = coerce(value, types[key], key)
+            except ValueError as err:
+                raise ConfigError(key, str(err).partition(": ")[2]) from None
+        config = cls(**fields, hparams=hparams)
+        config.validate()
+        return config
+
+    def to_flat(self) -> dict[str, Any]:
+        flat = {k: getattr(self, k) for k in self.field_names()}
+        return {**flat, **self.hparams}
+
+    def validate(self) -> None:
+        """Range checks and a dry parse of the hyperparameters, so errors appear before any work."""
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError("algorithm", f"expected one of {', '.join(ALGORITHMS.names())}, got {self.algorithm!r}")
+        checks = {
+            "lr": (self.lr, lambda v: v > 0, "a positive number"),
+            "weight_decay": (self.weight_decay, lambda v: v >= 0, "a number >= 0"),
+            "batch_size": (self.batch_size, lambda v: v >= 2, "an integer >= 2"),
+            "unlabeled_ratio": (self.unlabeled_ratio, lambda v: v >= 1, "an integer >= 1"),
+            "epochs": (self.epochs, lambda v: v >= 1, "an integer >= 1"),
+            "grad_accum": (self.grad_accum, lambda v: v >= 1, "an integer >= 1"),
+            "patience": (self.patience, lambda v: v >= 1, "an integer >= 1"),
+            "max_steps_per_epoch": (self.max_steps_per_epoch, lambda v: v >= 1, "an integer >= 1"),
+            "eval_batch_size": (self.eval_batch_size, lambda v: v >= 1, "an integer >= 1"),
+            "grad_clip": (self.grad_clip, lambda v: v > 0, "a positive number"),
+            "device": (self.device, lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "auto, cpu or cuda[:N]"),
+        }
+        names = {"optimizer": (self.optimizer, list(OPTIMIZERS)), "scheduler": (self.scheduler, list(SCHEDULES))}
+        for key, (value, options) in names.items():
+            if value is not None and value not in options:
+                shown = ", ".join(str(o) for o in options if o is not None)
+                raise ConfigError(key, f"expected one of {shown}, got {value!r}")
+        for key, (value, ok, expected) in checks.items():
+            if value is not None and not ok(value):
+                raise ConfigError(key, f"expected {expected}, got {value!r}")
+        hparam_types = {f.name: f.type for f in dataclasses.fields(ALGORITHMS.get(self.algorithm).Hparams)}
+        for key, value in self.hparams.items():
+            if key not in hparam_types:
+                known = ", ".join(hparam_types) or "(none)"
+                raise ConfigError(key, f"not a setting of the trainer nor a hyperparameter of {self.algorithm!r} (its hyperparameters: {known})")
+            try:
+                coerce(value, hparam_types[key], key)
+            except ValueError as err:
+                raise ConfigError(key, str(err).partition(": ")[2]) from None
+
+    def resolve(self, dataset: ShiftDataset) -> "TrainConfig":
+        """A copy with every unset field taken from the dataset's defaults."""
+        defaults = dataset.defaults
+        filled = {
+            name: getattr(defaults, name)
+            for name in ("model", "optimizer", "lr", "weight_decay", "momentum", "scheduler", "batch_size",
+                         "unlabeled_ratio", "unlabeled_split", "epochs", "grad_clip")
+            if getattr(self, name) is None
+        }
+        if self.selection_metric is None:
+            filled["selection_metric"] = dataset.selection_metric
+        resolved = dataclasses.replace(self, **filled, hparams=dict(self.hparams))
+        resolved.validate()
+        resolved.check_against(dataset)
+        return resolved
+
+    def check_against(self, dataset: ShiftDataset) -> None:
+        if self.model not in MODELS:
+            raise ConfigError("model", f"expected one of {', '.join(MODELS.names())}, got {self.model!r}")
+        split, _, metric = (self.selection_metric or "").partition("/")
+        if split not in dataset.eval_splits or metric not in dataset.metrics:
+            options = [f"{s}/{m}" for s in dataset.eval_splits for m in dataset.metrics]
+            raise ConfigError("selection_metric", f"expected one of {', '.join(options)}, got {self.selection_metric!r}")
+        if ALGORITHMS.get(self.algorithm).uses_unlabeled and self.unlabeled_split not in dataset.splits:
+            options = ", ".join(s for s in dataset.splits if not dataset.splits[s].labeled)
+            raise ConfigError("unlabeled_split", f"expected one of {options}, got {self.unlabeled_split!r}")
+
+    def batch_sizes(self, uses_unlabeled: bool) -> tuple[int, int]:
+        """(labeled, unlabeled) per batch: unlabeled = int(k/(k+1) B), labeled = B - unlabeled (WILDS 2.0 App. D)."""
+        assert self.batch_size is not None and self.unlabeled_ratio is not None
+        if not uses_unlabeled:
+            return self.batch_size, 0
+        k = self.unlabeled_ratio
+        unlabeled = int(k / (k + 1) * self.batch_size)
+        return self.batch_size - unlabeled, unlabeled

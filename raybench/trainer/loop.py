@@ -1,0 +1,361 @@
+"""The one training loop every algorithm runs in.
+
+An epoch is one pass over the labeled training split; the unlabeled split is cycled beside it, each
+batch holding `labeled = B - int(k/(k+1) B)` labeled and `int(k/(k+1) B)` unlabeled examples. Gradients
+are accumulated over `grad_accum` batches per optimiser step. After every epoch all labeled evaluation
+splits are scored, the best model by the selection metric is kept, callbacks are told, and training
+stops early after `patience` epochs without improvement. Nothing here imports Ray or MLflow: the sweep
+plugs in through `Callback`.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import random
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from raybench.algorithms import ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, build_algorithm
+from raybench.data import ShiftDataset, Split, load_dataset
+from raybench.models import FeaturizerHead, ModelSpec, build_model
+from raybench.trainer.batches import cycle_batches, epoch_batches, steps_per_epoch
+from raybench.trainer.callbacks import Callback, EpochReport
+from raybench.trainer.config import TrainConfig
+from raybench.trainer.optim import Schedule, build_optimizer, build_schedule
+
+STATE_FILE = "state.pt"
+BEST_MODEL_FILE = "best_model.pt"
+
+
+class DivergenceError(RuntimeError):
+    """The loss became NaN or infinite; raised before the bad gradient touches any weight."""
+
+
+@dataclass
+class FitResult:
+    best_epoch: int
+    best_metrics: dict[str, float]
+    final_metrics: dict[str, float]
+    history: list[dict[str, float]]
+    info: dict[str, str]
+    best_model: FeaturizerHead
+
+
+@dataclass
+class _Progress:
+    """Everything besides weights that a resumed run needs to continue exactly."""
+
+    round: int = 0
+    epoch: int = 0
+    best_value: float = float("-inf")
+    best_epoch: int = -1
+    best_metrics: dict[str, float] = field(default_factory=dict)
+    round_best_value: float = float("-inf")
+    history: list[dict[str, float]] = field(default_factory=list)
+    info: dict[str, str] = field(default_factory=dict)
+
+
+def choose_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_state_dict_into(model: FeaturizerHead, state: dict[str, Tensor]) -> FeaturizerHead:
+    """Load a saved model, mapping a Noisy Student head (Dropout, Linear) onto a plain Linear head and back."""
+    own = model.state_dict().keys()
+    if "head.weight" in own and "head.1.weight" in state:
+        state = {k.replace("head.1.", "head."): v for k, v in state.items()}
+    elif "head.1.weight" in own and "head.weight" in state:
+        state = {k.replace("head.", "head.1.") if k.startswith("head.") else k: v for k, v in state.items()}
+    model.load_state_dict(state)
+    return model
+
+
+class Trainer:
+    """Trains one config on one dataset; `fit()` returns the best model and its metrics."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        callbacks: Sequence[Callback] = (),
+        dataset: Optional[ShiftDataset] = None,
+    ) -> None:
+        self.dataset = dataset or load_dataset(config.dataset, config.data_dir, config.data_seed)
+        self.config = config.resolve(self.dataset)
+        self.callbacks = list(callbacks)
+        self.device = choose_device(self.config.device)
+        self.train_split = self.dataset.split("train")
+        self.uses_unlabeled = ALGORITHMS.get(self.config.algorithm).uses_unlabeled
+        self.unlabeled_split: Optional[Split] = (
+            self.dataset.split(self.config.unlabeled_split) if self.uses_unlabeled else None
+        )
+        self.labeled_bs, self.unlabeled_bs = self.config.batch_sizes(self.uses_unlabeled)
+        self.steps_per_epoch = steps_per_epoch(len(self.train_split), self.labeled_bs, self.config.max_steps_per_epoch)
+        self.progress = _Progress()
+        self.best_state: Optional[dict[str, Tensor]] = None
+        self.round_best_state: Optional[dict[str, Tensor]] = None
+
+    # ----- building -------------------------------------------------------------------------
+    def new_model(self) -> FeaturizerHead:
+        weights = Path(self.config.model_weights) if self.config.model_weights else None
+        spec = ModelSpec(self.dataset.input_shape, self.dataset.task.n_outputs, weights)
+        return build_model(self.config.model, spec)
+
+    def _new_algorithm(self) -> Algorithm:
+        context = AlgorithmContext(
+            task=self.dataset.task,
+            views=self.dataset.views,
+            n_domains=self.dataset.n_domains,
+            total_steps=self.steps_per_epoch * self.config.epochs,
+        )
+        return build_algorithm(self.config.algorithm, self.new_model(), self.config.hparams, context).to(self.device)
+
+    def _new_optimizer(self, algorithm: Algorithm) -> tuple[torch.optim.Optimizer, Schedule]:
+        cfg = self.config
+        optimizer = build_optimizer(cfg.optimizer, algorithm.param_groups(cfg.lr), cfg.weight_decay, cfg.momentum)
+        optimizer_steps = -(-self.steps_per_epoch // cfg.grad_accum) * cfg.epochs
+        return optimizer, build_schedule(cfg.scheduler, optimizer, optimizer_steps, self.dataset.defaults.scheduler_gamma)
+
+    def _autocast(self) -> Any:
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    # ----- services offered to multi-round algorithms ----------------------------------------
+    @torch.no_grad()
+    def predict(self, model: nn.Module, split: Split, view: Callable[[Tensor], Tensor]) -> Tensor:
+        """Outputs of `model` (eval mode) on a whole split, in order, as float32 on the CPU."""
+        was_training = model.training
+        model.eval()
+        outputs = []
+        for start in range(0, len(split), self.config.eval_batch_size):
+            x = split.x[start:start + self.config.eval_batch_size].to(self.device)
+            with self._autocast():
+                outputs.append(model(view(x)).float().cpu())
+        model.train(was_training)
+        return torch.cat(outputs)
+
+    def load_model(self, path: str) -> FeaturizerHead:
+        file = Path(path)
+        file = file / BEST_MODEL_FILE if file.is_dir() else file
+        if not file.is_file():
+            raise FileNotFoundError(f"teacher checkpoint {str(file)!r} does not exist")
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        return load_state_dict_into(self.new_model(), state).to(self.device)
+
+    def train_teacher(self) -> tuple[FeaturizerHead, str]:
+        """Noisy Student's first teacher: ERM with strong augmentation on the same data and budget."""
+        teacher_config = dataclasses.replace(
+            self.config, algorithm="erm", hparams={"augment": True})
+        result = Trainer(teacher_config, dataset=self.dataset).fit()
+        value = result.best_metrics.get(self.config.selection_metric, float("nan"))
+        source = f"trained ERM+augmentation teacher ({teacher_config.epochs} epochs, best {self.config.selection_metric}={value:.4f})"
+        return result.best_model.to(self.device), source
+
+    def _round_context(self, round_index: int) -> RoundContext:
+        previous = None
+        if round_index > 0 and self.round_best_state is not None:
+            previous = load_state_dict_into(self.new_model(), self.round_best_state).to(self.device)
+        return RoundContext(
+            round=round_index,
+            unlabeled=self.unlabeled_split,
+            previous_model=previous,
+            train_teacher=self.train_teacher,
+            load_model=self.load_model,
+            predict=self.predict,
+        )
+
+    # ----- the loop ---------------------------------------------------------------------------
+    def fit(self, resume_from: Optional[Path] = None) -> FitResult:
+        seed_everything(self.config.seed)
+        resumed = self._load_state(Path(resume_from)) if resume_from else None
+        while True:
+            round_index = self.progress.round
+            algorithm = self._new_algorithm()
+            optimizer, schedule = self._new_optimizer(algorithm)
+            generators = self._generators()
+            if resumed is not None:
+                self._restore(resumed, algorithm, optimizer, schedule, generators)
+                resumed = None
+            elif self.progress.epoch == round_index * self.config.epochs:
+                self._info(algorithm.begin_round(self._round_context(round_index)))
+            self._train_round(algorithm, optimizer, schedule, generators)
+            if self.progress.round + 1 >= algorithm.rounds:
+                break
+            self.progress.round += 1
+            self.progress.epoch = self.progress.round * self.config.epochs
+            self.progress.round_best_value = float("-inf")
+        return self._result()
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {
+            "labeled": torch.Generator().manual_seed(self.config.seed),
+            "unlabeled": torch.Generator().manual_seed(self.config.seed + 1),
+        }
+
+    def _train_round(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer, schedule: Schedule,
+                     generators: dict[str, torch.Generator]) -> None:
+        round_end = (self.progress.round + 1) * self.config.epochs
+        while self.progress.epoch < round_end:
+            unlabeled = self._unlabeled_stream(generators["unlabeled"])
+            train_logs = self._train_epoch(algorithm, optimizer, schedule, generators["labeled"], unlabeled)
+            schedule.step_epoch()
+            metrics = {**train_logs, **self._evaluate(algorithm), "lr": optimizer.param_groups[0]["lr"]}
+            is_best = self._record(algorithm, metrics)
+            self.progress.epoch += 1
+            report = EpochReport(
+                epoch=self.progress.epoch - 1, round=self.progress.round, metrics=dict(self.progress.history[-1]),
+                is_best=is_best,
+                write_checkpoint=lambda d, a=algorithm, o=optimizer, s=schedule, g=generators: self._write(d, a, o, s, g),
+            )
+            for callback in self.callbacks:
+                callback.on_epoch_end(report)
+            if self.config.patience and metrics["epochs_since_best"] >= self.config.patience:
+                self.progress.epoch = round_end
+                self._info({f"early_stopped_round_{self.progress.round}": f"after epoch {report.epoch}"})
+
+    def _unlabeled_stream(self, generator: torch.Generator) -> Optional[Iterator[Tensor]]:
+        """A fresh shuffled stream each epoch, so a run resumed from an epoch checkpoint continues exactly."""
+        if self.unlabeled_split is None:
+            return None
+        return cycle_batches(len(self.unlabeled_split), self.unlabeled_bs, generator)
+
+    def _train_epoch(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer, schedule: Schedule,
+                     generator: torch.Generator, unlabeled: Optional[Iterator[Tensor]]) -> dict[str, float]:
+        algorithm.train()
+        accum = self.config.grad_accum
+        round_epoch = self.progress.epoch - self.progress.round * self.config.epochs
+        sums: dict[str, Tensor] = {}
+        batches = epoch_batches(len(self.train_split), self.labeled_bs, generator)
+        optimizer.zero_grad(set_to_none=True)
+        for i in range(self.steps_per_epoch):
+            step = round_epoch * self.steps_per_epoch + i
+            labeled = self.train_split.take(next(batches)).to(self.device)
+            unlabeled_batch = self.unlabeled_split.take(next(unlabeled)).to(self.device) if unlabeled else None
+            with self._autocast():
+                out = algorithm(labeled, unlabeled_batch, step)
+            if not torch.isfinite(out.loss):
+                raise DivergenceError(
+                    f"loss is {float(out.loss.detach())} at epoch {self.progress.epoch}, step {step} "
+                    f"({self.config.algorithm}, lr={self.config.lr}); no weights were updated with it"
+                )
+            (out.loss / accum).backward()
+            if (i + 1) % accum == 0 or i + 1 == self.steps_per_epoch:
+                self._optimizer_step(algorithm, optimizer)
+                schedule.step_batch()
+            for key, value in {"loss/total": out.loss.detach(), **out.logs}.items():
+                sums[key] = sums[key] + value.float() if key in sums else value.float()
+        return {f"train/{k}": float(v) / self.steps_per_epoch for k, v in sums.items()}
+
+    def _optimizer_step(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer) -> None:
+        if self.config.grad_clip:
+            nn.utils.clip_grad_norm_(algorithm.parameters(), self.config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def _evaluate(self, algorithm: Algorithm) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for name in self.dataset.eval_splits:
+            split = self.dataset.split(name)
+            outputs = self.predict(algorithm.model, split, self.dataset.views.plain)
+            metrics.update(self.dataset.evaluate(name, outputs, split))
+        return metrics
+
+    def _record(self, algorithm: Algorithm, metrics: dict[str, float]) -> bool:
+        """Update best-so-far bookkeeping; returns whether this epoch is the new best (ties keep the earlier)."""
+        p, name = self.progress, self.config.selection_metric
+        value = metrics[name]
+        is_best = value > p.best_value
+        if is_best:
+            p.best_value, p.best_epoch = value, p.epoch
+            self.best_state = _cpu_state(algorithm.model)
+        if value > p.round_best_value:
+            p.round_best_value = value
+            self.round_best_state = self.best_state if is_best else _cpu_state(algorithm.model)
+        metrics.update({
+            "epoch": float(p.epoch),
+            "selection/best": p.best_value,
+            "epochs_since_best": float(p.epoch - p.best_epoch),
+        })
+        p.history.append(dict(metrics))
+        if is_best:
+            p.best_metrics = dict(metrics)
+        return is_best
+
+    def _info(self, facts: dict[str, str]) -> None:
+        if not facts:
+            return
+        self.progress.info.update(facts)
+        for callback in self.callbacks:
+            callback.on_info(facts)
+
+    def _result(self) -> FitResult:
+        p = self.progress
+        best_model = self.new_model()
+        if self.best_state is not None:
+            load_state_dict_into(best_model, self.best_state)
+        return FitResult(
+            best_epoch=p.best_epoch, best_metrics=p.best_metrics, final_metrics=p.history[-1] if p.history else {},
+            history=p.history, info=p.info, best_model=best_model,
+        )
+
+    # ----- checkpoints ------------------------------------------------------------------------
+    def _write(self, directory: Path, algorithm: Algorithm, optimizer: torch.optim.Optimizer, schedule: Schedule,
+               generators: dict[str, torch.Generator]) -> None:
+        """Write `state.pt` (resume exactly from the end of the last epoch) and `best_model.pt`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {
+            "config": self.config.to_flat(),
+            "progress": dataclasses.asdict(self.progress),
+            "algorithm": algorithm.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": schedule.scheduler.state_dict() if schedule.scheduler else None,
+            "generators": {k: g.get_state() for k, g in generators.items()},
+            "torch_rng": torch.get_rng_state(),
+            "best_state": self.best_state,
+            "round_best_state": self.round_best_state,
+        }
+        atomic_save(state, directory / STATE_FILE)
+        if self.best_state is not None:
+            atomic_save(self.best_state, directory / BEST_MODEL_FILE)
+
+    def _load_state(self, directory: Path) -> dict[str, Any]:
+        state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
+        self.progress = _Progress(**state["progress"])
+        self.best_state, self.round_best_state = state["best_state"], state["round_best_state"]
+        return state
+
+    def _restore(self, state: dict[str, Any], algorithm: Algorithm, optimizer: torch.optim.Optimizer,
+                 schedule: Schedule, generators: dict[str, torch.Generator]) -> None:
+        algorithm.load_state_dict(state["algorithm"])
+        optimizer.load_state_dict(state["optimizer"])
+        if schedule.scheduler is not None and state["scheduler"] is not None:
+            schedule.scheduler.load_state_dict(state["scheduler"])
+        for key, generator in generators.items():
+            generator.set_state(state["generators"][key])
+        torch.set_rng_state(state["torch_rng"])
+
+
+def _cpu_state(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

@@ -1,0 +1,56 @@
+"""Optimisers and learning-rate schedules by name (the names datasets and configs use)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, StepLR
+
+OptimizerFactory = Callable[[list[dict[str, Any]], float, float], Optimizer]
+
+OPTIMIZERS: dict[str, OptimizerFactory] = {
+    "sgd": lambda groups, wd, momentum: torch.optim.SGD(groups, momentum=momentum, weight_decay=wd),
+    "adam": lambda groups, wd, momentum: torch.optim.Adam(groups, weight_decay=wd),
+    "adamw": lambda groups, wd, momentum: torch.optim.AdamW(groups, weight_decay=wd),
+}
+
+
+@dataclass
+class Schedule:
+    """A scheduler and whether it advances per optimiser step (else per epoch)."""
+
+    scheduler: Optional[LRScheduler]
+    per_step: bool
+
+    def step_batch(self) -> None:
+        if self.scheduler is not None and self.per_step:
+            self.scheduler.step()
+
+    def step_epoch(self) -> None:
+        if self.scheduler is not None and not self.per_step:
+            self.scheduler.step()
+
+
+ScheduleFactory = Callable[[Optimizer, int, float], Schedule]
+
+SCHEDULES: dict[Optional[str], ScheduleFactory] = {
+    None: lambda opt, total_steps, gamma: Schedule(None, per_step=False),
+    "step": lambda opt, total_steps, gamma: Schedule(StepLR(opt, step_size=1, gamma=gamma), per_step=False),
+    "linear": lambda opt, total_steps, gamma: Schedule(
+        LambdaLR(opt, lambda s: max(0.0, 1.0 - s / max(total_steps, 1))), per_step=True
+    ),
+}
+
+
+def build_optimizer(name: str, groups: list[dict[str, Any]], weight_decay: float, momentum: float) -> Optimizer:
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    return OPTIMIZERS[name](groups, weight_decay, momentum)
+
+
+def build_schedule(name: Optional[str], optimizer: Optimizer, total_steps: int, gamma: float) -> Schedule:
+    if name not in SCHEDULES:
+        raise ValueError(f"scheduler: expected one of {', '.join(str(k) for k in SCHEDULES)}, got {name!r}")
+    return SCHEDULES[name](optimizer, total_steps, gamma)

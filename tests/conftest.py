@@ -1,0 +1,58 @@
+"""Shared fixtures: a tiny, learnable, multi-domain image dataset that builds in milliseconds."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import pytest
+import torch
+
+from raybench.data import ShiftDataset, Split, Task, TaskKind, TrainDefaults
+from raybench.data.augment import ImageViews
+from raybench import metrics
+
+N_CLASSES = 4
+SPLIT_DOMAINS = {
+    "train": [0, 1, 2], "id_val": [0, 1, 2], "id_test": [0, 1, 2], "val": [3], "test": [4],
+    "train_unlabeled": [0, 1, 2], "val_unlabeled": [3], "test_unlabeled": [4], "extra_unlabeled": [5],
+}
+
+
+def _render(n: int, domains: list[int], generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Class c lights up quadrant c; the domain tints the background, so there is a real (small) shift."""
+    y = torch.randint(0, N_CLASSES, (n,), generator=generator)
+    domain = torch.tensor(domains)[torch.randint(0, len(domains), (n,), generator=generator)]
+    x = torch.randint(0, 60, (n, 3, 16, 16), generator=generator).float()
+    x += (domain.view(n, 1, 1, 1) * 25.0) * torch.tensor([1.0, 0.5, 0.0]).view(1, 3, 1, 1)
+    for c in range(N_CLASSES):
+        rows, cols = divmod(c, 2)
+        x[y == c, :, rows * 8:(rows + 1) * 8, cols * 8:(cols + 1) * 8] += 120
+    return x.clamp(0, 255).to(torch.uint8), y, domain
+
+
+def make_tiny_dataset(n_train: int = 128, n_eval: int = 48, n_unlabeled: int = 128, seed: int = 0) -> ShiftDataset:
+    g = torch.Generator().manual_seed(seed)
+    splits = {}
+    for name, domains in SPLIT_DOMAINS.items():
+        labeled = not name.endswith("unlabeled")
+        n = n_train if name == "train" else (n_eval if labeled else n_unlabeled)
+        x, y, domain = _render(n, domains, g)
+        splits[name] = Split(name, x, y if labeled else None, domain, domain.clone())
+    return ShiftDataset(
+        name="tiny",
+        task=Task(TaskKind.CLASSIFICATION, N_CLASSES),
+        splits=splits,
+        metrics={"acc": lambda out, y, group: metrics.accuracy(out, y)},
+        selection_metric="val/acc",
+        defaults=TrainDefaults(model="lenet", lr=3e-3, batch_size=32, epochs=2, unlabeled_ratio=3),
+        views=ImageViews((0.5,) * 3, (0.5,) * 3, crop_pad=2, flip=False, cutout_size=8).as_views(),
+        domain_names=tuple(f"d{i}" for i in range(6)),
+        input_shape=(3, 16, 16),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset() -> ShiftDataset:
+    return make_tiny_dataset()

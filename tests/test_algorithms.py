@@ -1,0 +1,153 @@
+"""Every registered algorithm meets the contract; each loss has a property or hand-computed check."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from raybench.algorithms import ALGORITHMS, AlgorithmContext, RoundContext, build_algorithm
+from raybench.algorithms.coral import coral_penalty
+from raybench.algorithms.dann import GradientReversal
+from raybench.algorithms.fixmatch import FixMatch
+from raybench.algorithms.pseudolabel import PseudoLabel
+from raybench.data import Batch, Split
+from raybench.models import FeaturizerHead, ModelSpec, build_model
+
+
+def context_for(dataset, total_steps: int = 100) -> AlgorithmContext:
+    return AlgorithmContext(dataset.task, dataset.views, dataset.n_domains, total_steps)
+
+
+def lenet(dataset) -> FeaturizerHead:
+    return build_model("lenet", ModelSpec(dataset.input_shape, dataset.task.n_outputs))
+
+
+def batches(dataset, n_labeled: int = 8, n_unlabeled: int = 24) -> tuple[Batch, Batch]:
+    return (dataset.split("train").take(torch.arange(n_labeled)),
+            dataset.split("test_unlabeled").take(torch.arange(n_unlabeled)))
+
+
+def round_context(dataset, algorithm) -> RoundContext:
+    teacher = lenet(dataset)
+
+    def predict(model, split: Split, view):
+        model.eval()
+        with torch.no_grad():
+            return model(view(split.x))
+
+    return RoundContext(0, dataset.split("test_unlabeled"), None, lambda: (teacher, "test teacher"),
+                        lambda path: teacher, predict)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_conformance_init_update_predict(name, tiny_dataset):
+    """init -> begin_round -> a few updates -> predict: finite loss, gradient reaching the featurizer."""
+    torch.manual_seed(0)
+    algorithm = build_algorithm(name, lenet(tiny_dataset), {}, context_for(tiny_dataset))
+    algorithm.begin_round(round_context(tiny_dataset, algorithm))
+    optimizer = torch.optim.SGD(algorithm.param_groups(0.01), lr=0.01)
+    labeled, unlabeled = batches(tiny_dataset)
+    for step in range(3):
+        optimizer.zero_grad()
+        out = algorithm(labeled, unlabeled if algorithm.uses_unlabeled else None, step)
+        assert torch.isfinite(out.loss)
+        out.loss.backward()
+        grads = [p.grad for p in algorithm.model.featurizer.parameters() if p.grad is not None]
+        assert grads and any(g.abs().sum() > 0 for g in grads), "no gradient reached the featurizer"
+        optimizer.step()
+        assert all(torch.isfinite(v).all() for v in out.logs.values())
+    algorithm.eval()
+    outputs = algorithm.predict(labeled.x)
+    assert outputs.shape == (len(labeled), tiny_dataset.task.n_outputs)
+
+
+def test_coral_penalty_zero_for_identical_batches():
+    features = torch.randn(16, 5)
+    assert coral_penalty(features, features.clone()).item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_coral_penalty_hand_computed():
+    a = torch.tensor([[0.0, 0.0], [2.0, 2.0]])  # mean (1,1), cov [[2,2],[2,2]]
+    b = torch.tensor([[0.0, 0.0], [0.0, 2.0]])  # mean (0,1), cov [[0,0],[0,2]]
+    # mean term: ((1-0)^2 + (1-1)^2) / 2 = 0.5; cov term: ((2)^2 + 2^2 + 2^2 + 0^2) / 4 = 3.0
+    assert coral_penalty(a, b).item() == pytest.approx(3.5)
+
+
+def test_gradient_reversal_negates_gradient():
+    features = torch.randn(6, 4, requires_grad=True)
+    discriminator = nn.Linear(4, 3)
+    loss = discriminator(GradientReversal.apply(features, 1.0)).pow(2).sum()
+    (reversed_grad,) = torch.autograd.grad(loss, features)
+    plain = discriminator(features).pow(2).sum()
+    (plain_grad,) = torch.autograd.grad(plain, features)
+    assert torch.allclose(reversed_grad, -plain_grad)
+
+
+def test_dann_has_three_learning_rates_with_featurizer_at_a_tenth(tiny_dataset):
+    algorithm = build_algorithm("dann", lenet(tiny_dataset), {"discriminator_lr": 0.5}, context_for(tiny_dataset))
+    lrs = [group["lr"] for group in algorithm.param_groups(0.1)]
+    assert lrs == pytest.approx([0.01, 0.1, 0.5])
+
+
+def test_pseudolabel_weight_ramps_to_lambda_at_40_percent(tiny_dataset):
+    algorithm = build_algorithm("pseudolabel", lenet(tiny_dataset), {"penalty": 2.0}, context_for(tiny_dataset, 1000))
+    assert isinstance(algorithm, PseudoLabel)
+    assert algorithm.unlabeled_weight(0) == 0.0
+    assert algorithm.unlabeled_weight(200) == pytest.approx(1.0)
+    assert algorithm.unlabeled_weight(400) == pytest.approx(2.0)
+    assert algorithm.unlabeled_weight(900) == pytest.approx(2.0)
+
+
+class ConstantModel(FeaturizerHead):
+    """Outputs fixed logits whatever the input, so FixMatch's confidence is known exactly."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__(nn.Flatten(), 1, logits.shape[-1], head=nn.Identity())
+        self.logits = nn.Parameter(logits.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits.expand(x.shape[0], -1) + 0 * x.flatten(1)[:, :1]
+
+
+def test_fixmatch_masks_low_confidence_and_is_zero_when_none_passes(tiny_dataset):
+    uniform = torch.zeros(1, tiny_dataset.task.n_outputs)  # confidence 1/4 everywhere
+    algorithm = build_algorithm("fixmatch", ConstantModel(uniform), {"threshold": 0.9}, context_for(tiny_dataset))
+    assert isinstance(algorithm, FixMatch)
+    labeled, unlabeled = batches(tiny_dataset)
+    out = algorithm(labeled, unlabeled, 0)
+    assert out.logs["loss/consistency"].item() == 0.0 and out.logs["pseudo/kept"].item() == 0.0
+
+    confident = torch.tensor([[10.0, 0.0, 0.0, 0.0]])
+    algorithm = build_algorithm("fixmatch", ConstantModel(confident), {"threshold": 0.9}, context_for(tiny_dataset))
+    out = algorithm(labeled, unlabeled, 0)
+    expected = torch.nn.functional.cross_entropy(confident, torch.tensor([0]))
+    assert out.logs["pseudo/kept"].item() == 1.0
+    assert out.logs["loss/consistency"].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_noisy_student_has_dropout_before_the_head(tiny_dataset):
+    algorithm = build_algorithm("noisy_student", lenet(tiny_dataset), {"dropout": 0.5}, context_for(tiny_dataset))
+    head = algorithm.model.head
+    assert isinstance(head, nn.Sequential) and isinstance(head[0], nn.Dropout) and head[0].p == 0.5
+    assert isinstance(head[1], nn.Linear)
+
+
+def test_noisy_student_learns_the_teachers_labels(tiny_dataset):
+    algorithm = build_algorithm("noisy_student", lenet(tiny_dataset), {}, context_for(tiny_dataset))
+    facts = algorithm.begin_round(round_context(tiny_dataset, algorithm))
+    assert facts == {"round_0/teacher_source": "test teacher"}
+    assert algorithm.pseudo_labels.shape == (len(tiny_dataset.split("test_unlabeled")),)
+    state = algorithm.state_dict()
+    fresh = build_algorithm("noisy_student", lenet(tiny_dataset), {}, context_for(tiny_dataset))
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.pseudo_labels, algorithm.pseudo_labels)
+
+
+def test_unknown_hyperparameter_names_the_known_ones(tiny_dataset):
+    with pytest.raises(ValueError, match="has no hyperparameter 'lambda'.*penalty"):
+        build_algorithm("coral", lenet(tiny_dataset), {"lambda": 1.0}, context_for(tiny_dataset))
+
+
+def test_unknown_algorithm_lists_known():
+    with pytest.raises(KeyError, match="known: coral, dann, erm"):
+        ALGORITHMS.get("nope")

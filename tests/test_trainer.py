@@ -1,0 +1,133 @@
+"""The one training loop: selection, accumulation, divergence, determinism, resume, early stopping."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from raybench.algorithms.erm import ERM
+from raybench.models import FeaturizerHead
+from raybench.trainer import Callback, ConfigError, DivergenceError, EpochReport, TrainConfig, Trainer
+from raybench.trainer.loop import BEST_MODEL_FILE, STATE_FILE
+
+
+class Recorder(Callback):
+    def __init__(self, checkpoint_root: Path | None = None) -> None:
+        self.reports: list[EpochReport] = []
+        self.facts: dict[str, str] = {}
+        self.root = checkpoint_root
+
+    def on_info(self, facts: dict[str, str]) -> None:
+        self.facts.update(facts)
+
+    def on_epoch_end(self, report: EpochReport) -> None:
+        self.reports.append(report)
+        if self.root is not None:
+            report.write_checkpoint(self.root / f"epoch_{report.epoch}")
+
+
+def config(**values) -> TrainConfig:
+    return TrainConfig.from_flat({"epochs": 2, **values})
+
+
+@pytest.mark.parametrize("k, labeled, unlabeled", [(3, 16, 48), (7, 8, 56), (15, 4, 60)])
+def test_batch_composition_follows_the_paper(k, labeled, unlabeled):
+    cfg = config(batch_size=64, unlabeled_ratio=k)
+    assert cfg.batch_sizes(uses_unlabeled=True) == (labeled, unlabeled)
+    assert cfg.batch_sizes(uses_unlabeled=False) == (64, 0)
+
+
+def test_best_epoch_is_the_maximum_of_the_selection_metric(tiny_dataset):
+    recorder = Recorder()
+    result = Trainer(config(epochs=4, lr=0.02), [recorder], tiny_dataset).fit()
+    values = [h["val/acc"] for h in result.history]
+    assert result.best_epoch == values.index(max(values))
+    assert result.best_metrics == result.history[result.best_epoch]
+    assert [r.is_best for r in recorder.reports].count(True) >= 1
+    assert result.history[-1]["selection/best"] == max(values)
+    for name in ("id_val/acc", "val/acc", "test/acc", "id_test/acc", "train/loss/total"):
+        assert name in result.history[0]
+
+
+def _mlp_model(dataset) -> FeaturizerHead:
+    torch.manual_seed(123)
+    featurizer = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 32), nn.Tanh())
+    return FeaturizerHead(featurizer, 32, dataset.task.n_outputs)
+
+
+def test_k_accumulation_steps_of_b_over_k_match_one_step_of_b(tiny_dataset, monkeypatch):
+    monkeypatch.setattr(Trainer, "new_model", lambda self: _mlp_model(self.dataset))
+    common = dict(algorithm="erm", optimizer="sgd", momentum=0.0, lr=0.5, epochs=1)
+    big = Trainer(config(**common, batch_size=32, max_steps_per_epoch=1), dataset=tiny_dataset).fit().best_model
+    small = Trainer(config(**common, batch_size=16, grad_accum=2, max_steps_per_epoch=2), dataset=tiny_dataset).fit().best_model
+    initial = _mlp_model(tiny_dataset)
+    moved = sum((a - b).abs().sum() for a, b in zip(big.parameters(), initial.parameters()))
+    assert moved > 1e-3, "the step did nothing, the comparison would be vacuous"
+    for a, b in zip(big.parameters(), small.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_nan_loss_raises_a_clear_error_and_keeps_earlier_checkpoints(tiny_dataset, monkeypatch, tmp_path):
+    original = ERM.objective
+
+    def diverging(self, labeled, unlabeled, step):
+        out = original(self, labeled, unlabeled, step)
+        if step >= 5:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(ERM, "objective", diverging)
+    recorder = Recorder(tmp_path)
+    trainer = Trainer(config(epochs=3), [recorder], tiny_dataset)
+    with pytest.raises(DivergenceError, match=r"loss is nan at epoch 1, step 5"):
+        trainer.fit()
+    state = torch.load(tmp_path / "epoch_0" / STATE_FILE, weights_only=False)
+    assert all(torch.isfinite(v).all() for v in state["algorithm"].values() if v.is_floating_point())
+    best = torch.load(tmp_path / "epoch_0" / BEST_MODEL_FILE, weights_only=True)
+    assert all(torch.isfinite(v).all() for v in best.values() if v.is_floating_point())
+
+
+@pytest.mark.parametrize("algorithm", ["fixmatch", "dann"])
+def test_same_seed_same_metrics(tiny_dataset, algorithm):
+    first = Trainer(config(algorithm=algorithm, seed=3), dataset=tiny_dataset).fit().history
+    second = Trainer(config(algorithm=algorithm, seed=3), dataset=tiny_dataset).fit().history
+    other = Trainer(config(algorithm=algorithm, seed=4), dataset=tiny_dataset).fit().history
+    assert first == second
+    assert first != other
+
+
+def test_resume_from_an_epoch_checkpoint_continues_exactly(tiny_dataset, tmp_path):
+    cfg = config(algorithm="fixmatch", epochs=3)
+    full = Trainer(cfg, [Recorder(tmp_path)], tiny_dataset).fit()
+    resumed = Trainer(cfg, dataset=tiny_dataset).fit(resume_from=tmp_path / "epoch_0")
+    assert resumed.history == full.history
+    assert resumed.best_epoch == full.best_epoch
+
+
+def test_patience_stops_early(tiny_dataset, monkeypatch):
+    # A constant selection metric never improves after epoch 0, so patience 2 stops after epoch 2.
+    monkeypatch.setitem(tiny_dataset.metrics, "acc", lambda out, y, g: 0.5)
+    recorder = Recorder()
+    result = Trainer(config(epochs=10, patience=2), [recorder], tiny_dataset).fit()
+    assert len(result.history) == 3 and result.best_epoch == 0
+    assert "early_stopped_round_0" in recorder.facts
+
+
+def test_noisy_student_trains_its_own_teacher_then_reuses_a_checkpoint(tiny_dataset, tmp_path):
+    recorder = Recorder(tmp_path)
+    result = Trainer(config(algorithm="noisy_student", epochs=1, iterations=2), [recorder], tiny_dataset).fit()
+    assert result.info["round_0/teacher_source"].startswith("trained ERM+augmentation teacher")
+    assert result.info["round_1/teacher_source"] == "best student of round 0"
+    assert len(result.history) == 2
+    teacher = tmp_path / "epoch_1"
+    again = Trainer(config(algorithm="noisy_student", epochs=1, iterations=1, teacher_checkpoint=str(teacher)),
+                    dataset=tiny_dataset).fit()
+    assert again.info["round_0/teacher_source"] == f"checkpoint {teacher}"
+
+
+def test_bad_selection_metric_is_named(tiny_dataset):
+    with pytest.raises(ConfigError, match="selection_metric: expected one of .*val/acc.*got 'val/auc'"):
+        Trainer(config(selection_metric="val/auc"), dataset=tiny_dataset)
