@@ -1,0 +1,110 @@
+"""Throughput of the raybench trainer against a bare hand-written PyTorch loop, side by side.
+
+Both sides run the same model (LeNet), the same batches (same sizes, same per-epoch evaluation of
+the four labeled evaluation splits), the same augmentation calls and the same forward/backward
+passes on `digits-shift`; only the bookkeeping differs. Runs alternate (bare, raybench, bare, ...)
+so drift hits both sides alike; the ratio of medians is printed. Goal: ratio >= 0.97.
+
+    .venv/bin/python benchmarks/trainer_overhead.py [--repeats 3] [--steps 150] [--epochs 2]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from raybench.algorithms.base import pseudo_label_loss
+from raybench.data import ShiftDataset, load_dataset
+from raybench.models import ModelSpec, build_model
+from raybench.trainer import TrainConfig, Trainer
+from raybench.trainer.batches import cycle_batches, epoch_batches
+
+
+def bare_erm_step(model, views, x_l, y_l, x_u):
+    return F.cross_entropy(model(views.plain(x_l)), y_l)
+
+
+def bare_fixmatch_step(model, views, x_l, y_l, x_u):
+    with torch.no_grad():
+        weak = model(views.weak(x_u))
+    out = model(torch.cat([views.strong(x_l), views.strong(x_u)]))
+    n = len(x_l)
+    unsup, _ = pseudo_label_loss(out[n:], weak, 0.7)
+    return F.cross_entropy(out[:n], y_l) + unsup
+
+
+BARE_STEPS: dict[str, Callable] = {"erm": bare_erm_step, "fixmatch": bare_fixmatch_step}
+
+
+def run_bare(dataset: ShiftDataset, config: TrainConfig, algorithm: str) -> float:
+    """The loop a researcher would write by hand; returns wall seconds."""
+    cfg = config.resolve(dataset)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, ModelSpec(dataset.input_shape, dataset.task.n_outputs))
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    uses_unlabeled = algorithm != "erm"
+    n_l, n_u = cfg.batch_sizes(uses_unlabeled)
+    train, unlabeled = dataset.split("train"), dataset.split(cfg.unlabeled_split)
+    g_l, g_u = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+    step_fn = BARE_STEPS[algorithm]
+    start = time.perf_counter()
+    for _ in range(cfg.epochs):
+        model.train()
+        labeled_batches = epoch_batches(len(train), n_l, g_l)
+        unlabeled_batches = cycle_batches(len(unlabeled), n_u, g_u) if uses_unlabeled else None
+        for _ in range(cfg.max_steps_per_epoch):
+            idx = next(labeled_batches)
+            x_u = unlabeled.x[next(unlabeled_batches)] if unlabeled_batches else None
+            loss = step_fn(model, dataset.views, train.x[idx], train.y[idx], x_u)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for name in dataset.eval_splits:
+                split = dataset.split(name)
+                for s in range(0, len(split), cfg.eval_batch_size):
+                    model(dataset.views.plain(split.x[s:s + cfg.eval_batch_size])).argmax(1)
+    return time.perf_counter() - start
+
+
+def run_raybench(dataset: ShiftDataset, config: TrainConfig) -> float:
+    start = time.perf_counter()
+    Trainer(config, dataset=dataset).fit()
+    return time.perf_counter() - start
+
+
+def measure(dataset: ShiftDataset, algorithm: str, steps: int, epochs: int, repeats: int) -> tuple[float, float]:
+    hparams = {"augment": False} if algorithm == "erm" else {}
+    config = TrainConfig.from_flat({"algorithm": algorithm, "epochs": epochs, "max_steps_per_epoch": steps, **hparams})
+    bare, ours = [], []
+    for _ in range(repeats):
+        bare.append(run_bare(dataset, config, algorithm))
+        ours.append(run_raybench(dataset, config))
+    return statistics.median(bare), statistics.median(ours)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=150, help="training steps per epoch")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dataset = load_dataset("digits-shift")
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+          f"torch {torch.__version__}")
+    print(f"{'algorithm':10s} {'bare s':>8s} {'raybench s':>11s} {'throughput ratio':>17s}")
+    for algorithm in ("erm", "fixmatch"):
+        bare, ours = measure(dataset, algorithm, args.steps, args.epochs, args.repeats)
+        print(f"{algorithm:10s} {bare:8.2f} {ours:11.2f} {bare / ours:17.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
