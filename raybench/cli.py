@@ -99,6 +99,100 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----- raybench sweep ---------------------------------------------------------------------------
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from raybench.sweep.runner import SweepOptions, prepare, run_sweep
+    from raybench.sweep.space import SpaceError
+    from raybench.tracking import TrackingError
+    from raybench.trainer import ConfigError
+
+    options = SweepOptions(
+        space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates, seed=args.seed,
+        sampler=args.sampler, max_concurrent=args.max_concurrent, workers_per_trial=args.workers_per_trial,
+        cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker, address=args.address,
+        tracking_uri=args.tracking_uri, storage=args.storage, name=args.name, smoke=args.smoke, resume=args.resume,
+        executor=args.executor, selection=args.selection, extra_fixed=parse_assignments(args.set),
+    )
+    try:
+        prepare(options)
+        summary = run_sweep(options)
+    except SpaceError as err:
+        raise UsageError(str(err)) from None
+    except UnknownNameError as err:
+        raise UsageError(f"--dataset/--selection: {err}") from None
+    except ConfigError as err:
+        raise UsageError(f"--set {err.key}: {err.detail}") from None
+    except TrackingError as err:
+        raise UsageError(f"--tracking-uri: {err}") from None
+    from raybench.sweep.report import render
+
+    print(render(summary, "table"))
+    uri = options.tracking_uri or "sqlite:///mlflow.db"
+    print(f"\nMLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   (then open http://127.0.0.1:5000)")
+    return 0
+
+
+# ----- raybench results -------------------------------------------------------------------------
+def cmd_results(args: argparse.Namespace) -> int:
+    from raybench.sweep.report import render
+    from raybench.tracking import TrackingError, default_tracking_uri, load_sweep_results
+
+    try:
+        summary = load_sweep_results(args.tracking_uri or default_tracking_uri(), args.name)
+    except TrackingError as err:
+        raise UsageError(f"results: {err}") from None
+    print(render(summary, args.format))
+    return 0
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = fraction(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
+def add_sweep_parser(sub: Any) -> None:
+    p = sub.add_parser("sweep", help="random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)")
+    p.add_argument("space", help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
+    p.add_argument("--dataset", default="digits-shift")
+    p.add_argument("--trials", type=positive_int, default=10)
+    p.add_argument("--replicates", type=non_negative_int, default=3)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="the search's seed (Optuna sampler)")
+    p.add_argument("--sampler", choices=["random", "tpe"], default="random")
+    p.add_argument("--max-concurrent", type=positive_int, default=2)
+    p.add_argument("--workers-per-trial", type=positive_int, default=1)
+    p.add_argument("--cpus-per-worker", type=positive_float, default=1.0)
+    p.add_argument("--gpus-per-worker", type=fraction, default=0.0)
+    p.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
+    p.add_argument("--storage", default="runs", help="Tune storage folder (shared storage on a multi-node cluster)")
+    p.add_argument("--name", help="sweep name; default: SPACE-DATASET-seedSEED")
+    p.add_argument("--smoke", action="store_true", help="2 trials x a few steps and 2 replicates, to check a YAML")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
+    p.add_argument("--executor", choices=["train", "function"], default="train",
+                   help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, single worker")
+    p.add_argument("--selection", choices=["ood_val", "id_val", "oracle"], default="ood_val")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a trainer setting for every trial")
+    p.set_defaults(run=cmd_sweep)
+
+    r = sub.add_parser("results", help="read a finished sweep back from MLflow")
+    r.add_argument("name")
+    r.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    r.add_argument("--tracking-uri")
+    r.set_defaults(run=cmd_results)
+
+
 # ----- wiring -------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's own errors: one line, exit 2
@@ -122,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.add_argument("--seed", type=non_negative_int, default=0)
     p_train.add_argument("--output", help="directory for the checkpoint (state.pt, best_model.pt) and result.json")
     p_train.set_defaults(run=cmd_train)
+    add_sweep_parser(sub)
     return parser
 
 

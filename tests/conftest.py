@@ -56,3 +56,49 @@ def make_tiny_dataset(n_train: int = 128, n_eval: int = 48, n_unlabeled: int = 1
 @pytest.fixture(scope="session")
 def tiny_dataset() -> ShiftDataset:
     return make_tiny_dataset()
+
+
+# ----- processes the tests start: private temp dirs, stopped by their own paths ------------------------
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def stop_processes_under(path: str) -> None:
+    """Stop every process whose command line names `path` (a private Ray temp dir), never a host-wide `ray stop`."""
+    subprocess.run(["pkill", "-TERM", "-f", "--", path], check=False)
+    for _ in range(40):
+        if subprocess.run(["pgrep", "-f", "--", path], capture_output=True).returncode != 0:
+            return
+        time.sleep(0.25)
+    subprocess.run(["pkill", "-KILL", "-f", "--", path], check=False)
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("raybench-data")
+
+
+@pytest.fixture
+def sweep_env(shared_data_dir, tmp_path):
+    """Environment for a subprocess that starts its own local Ray: a short private temp dir, cleaned after."""
+    ray_tmp = tempfile.mkdtemp(prefix=f"rbt-{uuid.uuid4().hex[:6]}-", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAYBENCH_DATA_DIR": str(shared_data_dir),
+           "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1",
+           "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    yield env
+    stop_processes_under(ray_tmp)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def run_cli(args: list[str], env: dict, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "raybench"), *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)

@@ -60,10 +60,11 @@ def cutout(x: Tensor, size: int) -> Tensor:
 class ImageViews:
     """Builds the plain/weak/strong views for uint8 RGB images of one dataset."""
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], crop_pad: int, flip: bool, cutout_size: int) -> None:
+    def __init__(self, mean: Sequence[float], std: Sequence[float], crop_pad: int, flip: bool, cutout_size: int,
+                 magnitude: int = 9) -> None:
         self.mean, self.std = tuple(mean), tuple(std)
         self.crop_pad, self.flip, self.cutout_size = crop_pad, flip, cutout_size
-        self.randaugment = v2.RandAugment(num_ops=2)
+        self.randaugment = v2.RandAugment(num_ops=2, magnitude=magnitude)
 
     def plain(self, x: Tensor) -> Tensor:
         return normalize(x, self.mean, self.std)

@@ -8,11 +8,16 @@ from typing import Callable
 
 @dataclass
 class EpochReport:
-    """One epoch's outcome. `write_checkpoint(dir)` saves a resumable state plus the best model so far."""
+    """One epoch's outcome. `write_checkpoint(dir)` saves a resumable state plus the best model so far.
+
+    `best_metrics` are all metrics at the best epoch so far, so the last report alone says how a run
+    scored at its selected epoch (a sweep's searcher only sees last results).
+    """
 
     epoch: int
     round: int
     metrics: dict[str, float]
+    best_metrics: dict[str, float]
     is_best: bool
     write_checkpoint: Callable[[Path], None]
 

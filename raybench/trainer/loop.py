@@ -225,7 +225,7 @@ class Trainer:
             self.progress.epoch += 1
             report = EpochReport(
                 epoch=self.progress.epoch - 1, round=self.progress.round, metrics=dict(self.progress.history[-1]),
-                is_best=is_best,
+                best_metrics=dict(self.progress.best_metrics), is_best=is_best,
                 write_checkpoint=lambda d, a=algorithm, o=optimizer, s=schedule, g=generators: self._write(d, a, o, s, g),
             )
             for callback in self.callbacks:

@@ -1,0 +1,420 @@
+"""The one module that imports Ray Tune and Ray Train (their APIs move between releases).
+
+Two executors run the very same raybench `Trainer`:
+- `train` (default): each Tune trial is a small driver function that fits a Ray Train `TorchTrainer`
+  (Train V2 inside Tune, shared/RAY_NOTES.md). Workers report every epoch with a checkpoint; the same
+  trial scales from one CPU worker to multi-GPU DDP by `ScalingConfig` alone. The driver holds no CPU:
+  it asks for the custom `trial_driver` resource on the head node.
+- `function`: a plain Tune function trainable for single-worker trials. It skips Train's per-trial
+  start-up (worker group, process group) and reuses actors; it is an explicit opt-in, measured beside
+  the Train path in benchmarks/sweep_overhead.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import optuna  # noqa: E402
+import ray  # noqa: E402
+import ray.train  # noqa: E402
+import ray.train.torch  # noqa: E402
+from ray import tune  # noqa: E402
+from ray.tune.integration.ray_train import TuneReportCallback  # noqa: E402
+from ray.tune.search.optuna import OptunaSearch  # noqa: E402
+
+from raybench.sweep.space import Param, ResolvedSpace, run_key  # noqa: E402
+from raybench.trainer import Callback, DivergenceError, EpochReport, TrainConfig, Trainer  # noqa: E402
+
+DRIVER_RESOURCE = "trial_driver"
+FAILURE_KEY = "failure_reason"
+SEARCH_METRIC = "selection/best"
+EXECUTORS = ("train", "function")
+
+
+class TrialFailed(RuntimeError):
+    """A trial that ended without a result (diverged or crashed past its retries); the reason is the message."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    max_failures: int = 2
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One Tune experiment: where it lives, how many trials, how they run and whom to tell."""
+
+    name: str
+    storage: Path
+    stage: str
+    executor: str
+    resources: Resources
+    max_concurrent: int
+    callbacks: tuple[Any, ...] = ()
+
+
+# ----- connecting -----------------------------------------------------------------------------------
+def connect(address: Optional[str], driver_slots: int) -> None:
+    """Join a cluster (`address`) or start a private local one; make sure trial drivers can be placed."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        if ray.cluster_resources().get(DRIVER_RESOURCE, 0) < 1:
+            raise RuntimeError(
+                f"the Ray cluster at {address} has no '{DRIVER_RESOURCE}' resource for trial drivers; start the head "
+                f"with --resources='{{\"{DRIVER_RESOURCE}\": 8}}' (cluster/local-up.sh does) or use --executor function"
+            )
+        return
+    ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1)}, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+
+
+def shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+# ----- reporting from inside a trial ---------------------------------------------------------------------
+def _flat_report(report: EpochReport, facts: dict[str, str]) -> dict[str, Any]:
+    metrics: dict[str, Any] = dict(report.metrics)
+    metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith("train/")})
+    metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
+    metrics.update({f"info/{k}": v for k, v in facts.items()})
+    return metrics
+
+
+class TrainReporter(Callback):
+    """On each Ray Train worker: every epoch, `ray.train.report` the metrics; rank 0 attaches the checkpoint."""
+
+    def __init__(self) -> None:
+        self.facts: dict[str, str] = {}
+        self.rank = ray.train.get_context().get_world_rank()
+
+    def on_info(self, facts: dict[str, str]) -> None:
+        self.facts.update(facts)
+
+    def on_epoch_end(self, report: EpochReport) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if self.rank == 0:
+                report.write_checkpoint(Path(tmp))
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(_flat_report(report, self.facts), checkpoint=checkpoint)
+
+
+class TuneReporter(TrainReporter):
+    """In a plain Tune function trial: the same reports through `tune.report`; keeps the last one."""
+
+    def __init__(self) -> None:
+        self.facts = {}
+        self.last: dict[str, Any] = {}
+
+    def on_epoch_end(self, report: EpochReport) -> None:
+        self.last = _flat_report(report, self.facts)
+        with tempfile.TemporaryDirectory() as tmp:
+            report.write_checkpoint(Path(tmp))
+            tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def _fit(config: dict[str, Any], reporter: Callback, checkpoint: Optional[Any], threads: int) -> None:
+    """Run the raybench trainer, resuming from `checkpoint` if the run was retried or restored."""
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    trainer = Trainer(TrainConfig.from_flat(config), callbacks=[reporter])
+    if checkpoint is None:
+        trainer.fit()
+        return
+    with checkpoint.as_directory() as directory:
+        trainer.fit(resume_from=Path(directory))
+
+
+def _divergence_report(err: DivergenceError) -> dict[str, Any]:
+    return {FAILURE_KEY: f"diverged: {err}"}
+
+
+def train_worker_loop(loop_config: dict[str, Any]) -> None:
+    """Ray Train's per-worker function: one raybench trainer per worker."""
+    try:
+        _fit(loop_config["config"], TrainReporter(), ray.train.get_checkpoint(), int(loop_config["threads"]))
+    except DivergenceError as err:  # deterministic: retrying from a checkpoint would diverge again
+        ray.train.report(_divergence_report(err))
+
+
+def _raise_if_failed(metrics: Optional[dict[str, Any]]) -> None:
+    if metrics and FAILURE_KEY in metrics:
+        raise TrialFailed(metrics[FAILURE_KEY])
+
+
+class CompletedRuns:
+    """Final results of finished runs, one JSON file per run key, written atomically.
+
+    Tune saves its experiment state only every so often, so a sweep killed just after a trial finished
+    may restore that trial as unfinished. Its driver then finds the record here and reports it again
+    (marked `replayed`) instead of training again: finished work is never repeated.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def load(self, key: str) -> Optional[dict[str, Any]]:
+        path = self._path(key)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def save(self, key: str, metrics: dict[str, Any]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self._path(key).with_suffix(".tmp")
+        tmp.write_text(json.dumps(metrics, default=str))
+        os.replace(tmp, self._path(key))
+
+
+def _replay_if_done(completed: CompletedRuns, key: str) -> bool:
+    record = completed.load(key)
+    if record is None:
+        return False
+    tune.report({**record, "replayed": True})
+    return True
+
+
+def _keep(metrics: Optional[dict[str, Any]]) -> dict[str, Any]:
+    return {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
+    """The Tune trainable for `spec.executor`, with its resource request."""
+    resources = spec.resources
+    completed = CompletedRuns(spec.storage / spec.name / "completed")
+
+    def train_driver(sampled: dict[str, Any]) -> None:
+        config = space.materialize(sampled)
+        key = run_key(config, spec.stage)
+        if _replay_if_done(completed, key):
+            return
+        name = f"{key}-{tune.get_context().get_trial_id()}"
+        trainer = ray.train.torch.TorchTrainer(
+            train_worker_loop,
+            train_loop_config={"config": config, "threads": resources.cpus_per_worker},
+            scaling_config=ray.train.ScalingConfig(
+                num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0,
+                resources_per_worker={"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker},
+            ),
+            run_config=ray.train.RunConfig(
+                name=name, storage_path=str(spec.storage / spec.name / "train"),
+                callbacks=[TuneReportCallback()],
+                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+                failure_config=ray.train.FailureConfig(max_failures=resources.max_failures,
+                                                       controller_failure_limit=resources.max_failures),
+            ),
+        )
+        result = trainer.fit()
+        _raise_if_failed(result.metrics)
+        completed.save(key, {**_keep(result.metrics), "checkpoint_path": result.checkpoint.path if result.checkpoint else None})
+
+    def function_trial(sampled: dict[str, Any]) -> None:
+        config = space.materialize(sampled)
+        key = run_key(config, spec.stage)
+        if _replay_if_done(completed, key):
+            return
+        reporter = TuneReporter()
+        try:
+            _fit(config, reporter, tune.get_checkpoint(), int(resources.cpus_per_worker))
+        except DivergenceError as err:
+            raise TrialFailed(f"diverged: {err}") from None
+        completed.save(key, _keep(reporter.last))
+
+    if spec.executor == "train":
+        return tune.with_resources(train_driver, {"cpu": 0, DRIVER_RESOURCE: 1})
+    if resources.workers != 1:
+        raise ValueError("--executor function runs single-worker trials; use --executor train for several workers")
+    return tune.with_resources(function_trial, {"cpu": resources.cpus_per_worker, "gpu": resources.gpus_per_worker})
+
+
+# ----- search spaces -> Optuna ----------------------------------------------------------------------------
+def optuna_distribution(param: Param) -> optuna.distributions.BaseDistribution:
+    if param.distribution == "choice":
+        return optuna.distributions.CategoricalDistribution(list(param.values))
+    assert param.low is not None and param.high is not None
+    return optuna.distributions.FloatDistribution(param.low, param.high, log=param.distribution == "loguniform")
+
+
+SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+}
+
+
+# ----- experiments -------------------------------------------------------------------------------------------
+def _run_config(spec: RunSpec) -> tune.RunConfig:
+    return tune.RunConfig(
+        name=spec.name, storage_path=str(spec.storage), callbacks=list(spec.callbacks),
+        failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures if spec.executor == "function" else 0),
+        verbose=0,
+    )
+
+
+def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.Tuner], resume: bool) -> tune.ResultGrid:
+    path = str(spec.storage / spec.name)
+    if resume and tune.Tuner.can_restore(path):
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
+                                   restart_errored=False)
+    else:
+        tuner = make_tuner()
+    return tuner.fit()
+
+
+def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, seed: int, resume: bool) -> tune.ResultGrid:
+    """Random (or TPE) search with Optuna through Tune's OptunaSearch; trials select on `selection/best`."""
+    trainable = make_trainable(space, spec)
+    searcher = OptunaSearch(
+        space={name: optuna_distribution(p) for name, p in space.search.items()},
+        metric=SEARCH_METRIC, mode="max", sampler=SAMPLERS[sampler](seed),
+    )
+
+    def make_tuner() -> tune.Tuner:
+        return tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=trials, max_concurrent_trials=spec.max_concurrent,
+                                        reuse_actors=spec.executor == "function"),
+            run_config=_run_config(spec),
+        )
+
+    return _fit_or_resume(spec, trainable, make_tuner, resume)
+
+
+def run_replicates(space: ResolvedSpace, spec: RunSpec, sampled: dict[str, Any], seeds: list[int],
+                   resume: bool) -> tune.ResultGrid:
+    """The selected sampled config once per seed, each seed its own trial."""
+    trainable = make_trainable(space, spec)
+
+    def make_tuner() -> tune.Tuner:
+        return tune.Tuner(
+            trainable,
+            param_space={**sampled, "seed": tune.grid_search(seeds)},
+            tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent, reuse_actors=spec.executor == "function"),
+            run_config=_run_config(spec),
+        )
+
+    return _fit_or_resume(spec, trainable, make_tuner, resume)
+
+
+# ----- MLflow: a Tune callback in the sweep's own process --------------------------------------------------
+class TrackingCallback(tune.Callback):
+    """Mirrors every trial into a nested MLflow run through raybench.tracking (one log_batch per epoch).
+
+    It lives in the process that runs the sweep, so workers never need to reach MLflow. Runs are found
+    again by a key tag (trial id, plus seed for replicates), so a resumed sweep reuses them.
+    """
+
+    def __init__(self, tracker: Any, space: ResolvedSpace, stage: str, tags: dict[str, str]) -> None:
+        self.tracker, self.space, self.stage, self.tags = tracker, space, stage, tags
+        self.runs: dict[str, str] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment state
+        return {**self.__dict__, "tracker": None, "runs": {}}
+
+    def _key(self, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        materialized = self.space.materialize(config)
+        return run_key(materialized, self.stage), materialized
+
+    def _run(self, trial: Any) -> Optional[str]:
+        if self.tracker is None:
+            return None
+        if trial.trial_id not in self.runs:
+            key, config = self._key(trial.config)
+            tags = {**self.tags, "stage": self.stage, "trial_id": key.split("-seed")[0], "seed": str(config["seed"]),
+                    "tune_trial_id": trial.trial_id}
+            self.runs[trial.trial_id] = self.tracker.start_child(key, f"{self.stage}-{key}", config, tags)
+        return self.runs[trial.trial_id]
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._run(trial)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        run = self._run(trial)
+        if run is not None and FAILURE_KEY not in result and not result.get("replayed"):
+            self.tracker.log_metrics(run, result, step=int(result.get("epoch", iteration)))
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run = self._run(trial)
+        if run is not None:
+            self.tracker.end_child(run, "FINISHED")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run = self._run(trial)
+        if run is not None:
+            self.tracker.end_child(run, "FAILED", reason=error_reason(trial))
+
+
+def error_reason(trial: Any) -> str:
+    """The last line of a failed trial's error (the exception message), not the whole remote traceback."""
+    path = trial.error_file
+    if path and Path(path).is_file():
+        lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else "unknown error"
+    return "unknown error"
+
+
+# ----- results back to plain records --------------------------------------------------------------------------
+def _order(result: Any, metrics: dict[str, Any], fallback: int) -> int:
+    """The trial's creation index, which Tune writes into its folder name: <trainable>_<id>_<index>_<params>."""
+    tune_id = str(metrics.get("trial_id", ""))
+    found = re.search(rf"{re.escape(tune_id)}_(\d+)", Path(result.path).name) if tune_id and result.path else None
+    return int(found.group(1)) if found else fallback
+
+
+def _reason(result: Any, metrics: dict[str, Any]) -> Optional[str]:
+    if FAILURE_KEY in metrics:
+        return str(metrics[FAILURE_KEY])
+    if result.error is not None:
+        lines = [line.strip() for line in str(result.error).splitlines() if line.strip()]
+        return lines[-1] if lines else type(result.error).__name__
+    if SEARCH_METRIC not in metrics:
+        return "no epoch finished"
+    return None
+
+
+def _checkpoint_path(result: Any, metrics: dict[str, Any]) -> Optional[str]:
+    if metrics.get("checkpoint_path"):
+        return str(metrics["checkpoint_path"])
+    return result.checkpoint.path if result.checkpoint is not None else None
+
+
+def collect(grid: tune.ResultGrid, space: ResolvedSpace) -> list[dict[str, Any]]:
+    """One plain record per trial: identity, sampled config, status and reason, metrics at its best epoch."""
+    from raybench.sweep.space import trial_id
+
+    records = []
+    for index, result in enumerate(grid):
+        metrics = dict(result.metrics or {})
+        sampled = {k: v for k, v in (result.config or {}).items()}
+        config = space.materialize(sampled)
+        reason = _reason(result, metrics)
+        records.append({
+            "order": _order(result, metrics, index),
+            "trial_id": trial_id(config),
+            "seed": config.get("seed", 0),
+            "sampled": sampled,
+            "status": "failed" if reason else "ok",
+            "failure_reason": reason,
+            "selection_value": metrics.get(SEARCH_METRIC) if not reason else None,
+            "best_epoch": metrics.get("best_epoch"),
+            "metrics": {k: v for k, v in metrics.items() if k.startswith("best/") and isinstance(v, (int, float))},
+            "checkpoint": _checkpoint_path(result, metrics),
+        })
+    return sorted(records, key=lambda r: r["order"])

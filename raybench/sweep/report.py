@@ -1,0 +1,65 @@
+"""Rendering a sweep summary for people (table), spreadsheets (csv) and scripts (json, stable keys)."""
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import Any
+
+import pandas as pd
+
+from raybench.sweep.results import fmt
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def trial_rows(summary: dict[str, Any]) -> pd.DataFrame:
+    rows = [{"trial_id": t["trial_id"], "status": t["status"], "selection_value": t["selection_value"],
+             "best_epoch": t["best_epoch"], "failure_reason": t["failure_reason"],
+             **{f"config.{k}": v for k, v in sorted(t["sampled"].items())}} for t in summary["trials"]]
+    return pd.DataFrame(rows)
+
+
+def render(summary: dict[str, Any], fmt_name: str) -> str:
+    if fmt_name == "json":
+        return json.dumps(_json_safe(summary), indent=2, sort_keys=True, default=str)
+    if fmt_name == "csv":
+        buffer = io.StringIO()
+        trial_rows(summary).to_csv(buffer, index=False)
+        return buffer.getvalue().rstrip("\n")
+    return table(summary)
+
+
+def table(summary: dict[str, Any]) -> str:
+    sel, rep = summary.get("selected"), summary["replicates"]
+    metric = summary["selection"]["metric"]
+    out = [f"sweep {summary['name']}: {summary['algorithm']} on {summary['dataset']}, "
+           f"selected on {summary['selection']['label']} ({metric})", ""]
+    frame = trial_rows(summary)
+    if not frame.empty:
+        frame["selection_value"] = frame["selection_value"].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.4f}")
+        frame["failure_reason"] = frame["failure_reason"].fillna("")
+        out += [frame.to_string(index=False), ""]
+    if sel is None:
+        out.append("no trial finished: nothing selected")
+        return "\n".join(out)
+    config = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(sel["sampled"].items()))
+    out += [f"selected {sel['trial_id']}: {config}",
+            f"replicates: {rep['ok']}/{len(rep['seeds'])} seeds finished, metrics at each replicate's best-{metric} epoch "
+            f"(mean ± std over seeds, %)"]
+    rows = []
+    for split, label in (("id_test", "ID test"), ("test", "OOD test"), ("id_val", "ID val"), ("val", "OOD val")):
+        cells = {m: fmt(rep["summary"].get(f"best/{split}/{m}")) for m in summary["metric_names"]}
+        if any(c != "n/a" for c in cells.values()):
+            rows.append({"split": label, **cells})
+    if rows:
+        out.append(pd.DataFrame(rows).to_string(index=False))
+    return "\n".join(out)

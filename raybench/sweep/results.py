@@ -1,0 +1,108 @@
+"""Result tables of a sweep: trials, the selected config and the replicate summary (WILDS Table 2 cells).
+
+Pure pandas, no Ray: the runner hands over plain records, this module shapes, summarises and
+writes them atomically (temp file + rename), so a crash never leaves a half-written table.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+OK, FAILED = "ok", "failed"
+
+
+def replicate_seeds(trial_id: str, count: int) -> list[int]:
+    """K seeds derived from the selected trial's identity, so re-running a sweep repeats them exactly."""
+    return [int(hashlib.sha256(f"{trial_id}/replicate/{i}".encode()).hexdigest()[:8], 16) for i in range(count)]
+
+
+def select_best(trials: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The ok trial with the highest selection value; ties go to the earlier-sampled trial."""
+    candidates = [t for t in trials if t["status"] == OK and _finite(t.get("selection_value"))]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda t: (t["selection_value"], -t["order"]))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def summarize(replicates: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean and sample std (ddof=1) of every metric at each replicate's best-validation epoch."""
+    ok = [r["metrics"] for r in replicates if r["status"] == OK]
+    keys = sorted({k for m in ok for k in m})
+    summary = {}
+    for key in keys:
+        values = pd.Series([m[key] for m in ok if key in m], dtype="float64")
+        summary[key] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else float("nan"),
+                        "n": int(len(values))}
+    return summary
+
+
+def trials_frame(trials: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for t in trials:
+        row = {k: t[k] for k in ("order", "trial_id", "status", "failure_reason", "selection_value", "best_epoch")}
+        row.update({f"config.{k}": v for k, v in t["sampled"].items()})
+        row.update(t["metrics"])
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values("order").reset_index(drop=True) if rows else pd.DataFrame()
+
+
+def replicates_frame(replicates: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = [{"seed": r["seed"], "status": r["status"], "failure_reason": r["failure_reason"], **r["metrics"]}
+            for r in replicates]
+    return pd.DataFrame(rows)
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_results(directory: Path, summary: dict[str, Any], trials: pd.DataFrame, replicates: pd.DataFrame) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, frame in (("trials", trials), ("replicates", replicates)):
+        _atomic_write(directory / f"{name}.csv", lambda p, f=frame: f.to_csv(p, index=False))
+        _atomic_write(directory / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
+    _atomic_write(directory / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str)))
+    _atomic_write(directory / "summary.md", lambda p: p.write_text(markdown(summary)))
+
+
+def fmt(cell: Optional[dict[str, float]]) -> str:
+    if not cell:
+        return "n/a"
+    std = "" if math.isnan(cell["std"]) else f" ± {100 * cell['std']:.1f}"
+    return f"{100 * cell['mean']:.1f}{std}"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The short human summary: selected config, the Table-2 row, every trial."""
+    sel, rep = summary.get("selected"), summary["replicates"]
+    lines = [f"# {summary['name']}: {summary['algorithm']} on {summary['dataset']}", "",
+             f"Selection: {summary['selection']['label']} (`{summary['selection']['metric']}`)", ""]
+    if sel is None:
+        lines.append("No trial finished; nothing was selected.")
+        return "\n".join(lines) + "\n"
+    lines += [f"Selected trial `{sel['trial_id']}` ({summary['selection']['metric']} = {sel['selection_value']:.4f}):", ""]
+    lines += [f"- `{k}` = {v}" for k, v in sorted(sel["sampled"].items())]
+    lines += ["", f"Replicates: {rep['ok']} of {len(rep['seeds'])} seeds finished (mean ± std, %):", "",
+              "| split | " + " | ".join(summary["metric_names"]) + " |", "|---" * (len(summary["metric_names"]) + 1) + "|"]
+    for split, label in (("id_test", "ID test"), ("test", "OOD test"), ("id_val", "ID val"), ("val", "OOD val")):
+        cells = [fmt(rep["summary"].get(f"best/{split}/{m}")) for m in summary["metric_names"]]
+        if any(c != "n/a" for c in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "| trial | status | selection value | best epoch |", "|---|---|---|---|"]
+    for t in summary["trials"]:
+        value = "" if not _finite(t["selection_value"]) else f"{t['selection_value']:.4f}"
+        status = t["status"] if t["status"] == OK else f"failed: {t['failure_reason']}"
+        lines.append(f"| `{t['trial_id']}` | {status} | {value} | {t['best_epoch']} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,172 @@
+"""A sweep, start to finish: validate -> search -> select -> replicate -> summarise -> record.
+
+This is the WILDS 2.0 protocol (App. D) as one function. It knows the order of things; Ray lives in
+ray_backend, MLflow in raybench.tracking, tables in results. Everything a user can get wrong is
+checked before Ray starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import raybench
+from raybench.data import load_dataset
+from raybench.sweep import results as tables
+from raybench.sweep.selection import SELECTIONS
+from raybench.sweep.space import ResolvedSpace, load_space
+from raybench.tracking import SweepTracker, base_tags, default_tracking_uri
+
+SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
+
+
+@dataclass
+class SweepOptions:
+    space: str
+    dataset: str = "digits-shift"
+    trials: int = 10
+    replicates: int = 3
+    seed: int = 0
+    sampler: str = "random"
+    max_concurrent: int = 2
+    workers_per_trial: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    address: Optional[str] = None
+    tracking_uri: Optional[str] = None
+    storage: str = "runs"
+    name: Optional[str] = None
+    smoke: bool = False
+    resume: bool = False
+    executor: str = "train"
+    selection: str = "ood_val"
+    max_failures: int = 2
+    extra_fixed: dict[str, Any] = field(default_factory=dict)
+
+    def sweep_name(self, algorithm: str) -> str:
+        return self.name or f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}"
+
+
+@dataclass
+class Prepared:
+    """Everything checked and resolved before any cluster work."""
+
+    options: SweepOptions
+    name: str
+    space: ResolvedSpace
+    algorithm: str
+    selection_metric: str
+    selection_label: str
+    metric_names: list[str]
+    tracking_uri: str
+    storage: Path
+
+
+def prepare(options: SweepOptions) -> Prepared:
+    """Validate the space, the dataset, the options and the tracking server; raises with a clear message."""
+    space = load_space(options.space)
+    dataset = load_dataset(options.dataset)
+    selection = SELECTIONS.get(options.selection)
+    metric = selection.metric(dataset)
+    trials, replicates = (2, 2) if options.smoke else (options.trials, options.replicates)
+    options = dataclasses.replace(options, trials=trials, replicates=replicates)
+    resolved = space.for_dataset(dataset)
+    smoke = SMOKE_FIXED if options.smoke else {}
+    resolved.fixed.update({"selection_metric": metric, "seed": options.seed, **options.extra_fixed, **smoke})
+    if options.smoke:
+        resolved.derived.pop("epochs", None)
+    from raybench.trainer import TrainConfig
+
+    TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full dry run of a config
+    uri = options.tracking_uri or default_tracking_uri()
+    return Prepared(options, options.sweep_name(space.algorithm), resolved, space.algorithm, metric, selection.label,
+                    list(dataset.metrics), uri, Path(options.storage).resolve())
+
+
+def _midpoints(space: ResolvedSpace) -> dict[str, Any]:
+    return {n: p.values[0] if p.values else (p.low + p.high) / 2 for n, p in space.search.items()}
+
+
+def run_sweep(options: SweepOptions) -> dict[str, Any]:
+    prepared = prepare(options)
+    tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
+    from raybench.sweep import ray_backend as backend  # Ray is imported only once everything is valid
+
+    opts = prepared.options
+    tags = base_tags(opts.dataset, prepared.algorithm)
+    tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags)
+    started = time.time()
+    try:
+        backend.connect(opts.address, driver_slots=max(opts.max_concurrent, 1) * 2)
+        resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker, opts.max_failures)
+
+        def spec(stage: str) -> Any:
+            callback = backend.TrackingCallback(tracker, prepared.space, stage, tags)
+            return backend.RunSpec(f"{prepared.name}-{stage}", prepared.storage, stage, opts.executor, resources,
+                                   opts.max_concurrent, (callback,))
+
+        grid = backend.run_search(prepared.space, spec("search"), opts.trials, opts.sampler, opts.seed, opts.resume)
+        trials = backend.collect(grid, prepared.space)
+        selected = tables.select_best(trials)
+        replicates: list[dict[str, Any]] = []
+        seeds: list[int] = []
+        if selected is not None and opts.replicates > 0:
+            seeds = tables.replicate_seeds(selected["trial_id"], opts.replicates)
+            grid = backend.run_replicates(prepared.space, spec("replicate"), selected["sampled"], seeds, opts.resume)
+            replicates = backend.collect(grid, prepared.space)
+        summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
+        _record(prepared, tracker, summary, trials, replicates, selected)
+    except BaseException as err:
+        tracker.end_sweep("FAILED" if not isinstance(err, KeyboardInterrupt) else "KILLED", note=str(err))
+        raise
+    tracker.end_sweep("FINISHED")
+    return summary
+
+
+def _sweep_params(prepared: Prepared) -> dict[str, Any]:
+    opts = dataclasses.asdict(prepared.options)
+    opts.pop("extra_fixed")
+    return {**opts, "selection_metric": prepared.selection_metric,
+            "space.fixed": prepared.space.fixed, "space.lr_center": prepared.space.lr_center}
+
+
+def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: Optional[dict[str, Any]],
+             replicates: list[dict[str, Any]], seeds: list[int], seconds: float) -> dict[str, Any]:
+    def public(record: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in record.items() if k != "checkpoint"}
+
+    return {
+        "name": prepared.name,
+        "dataset": prepared.options.dataset,
+        "algorithm": prepared.algorithm,
+        "space": str(prepared.options.space),
+        "raybench_version": raybench.__version__,
+        "selection": {"strategy": prepared.options.selection, "metric": prepared.selection_metric,
+                      "label": prepared.selection_label},
+        "metric_names": prepared.metric_names,
+        "trials": [public(t) for t in trials],
+        "selected": public(selected) if selected else None,
+        "replicates": {
+            "seeds": seeds,
+            "ok": sum(r["status"] == tables.OK for r in replicates),
+            "runs": [public(r) for r in replicates],
+            "summary": tables.summarize(replicates),
+        },
+        "wall_seconds": round(seconds, 1),
+    }
+
+
+def _record(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any], trials: list[dict[str, Any]],
+            replicates: list[dict[str, Any]], selected: Optional[dict[str, Any]]) -> None:
+    """Results as CSV, Parquet, JSON and markdown, next to the Tune runs and on the parent MLflow run."""
+    directory = prepared.storage / prepared.name / "results"
+    tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates))
+    tracker.log_artifacts(directory, "results")
+    tracker.client.log_text(tracker.parent_id, tables.markdown(summary), "summary.md")
+    checkpoint = Path(selected["checkpoint"]) / "best_model.pt" if selected and selected.get("checkpoint") else None
+    if checkpoint is not None and checkpoint.is_file():
+        tracker.log_artifact(checkpoint, "selected_checkpoint")
+    for key, cell in summary["replicates"]["summary"].items():
+        tracker.client.log_metric(tracker.parent_id, f"replicates/{key}/mean", cell["mean"])

@@ -1,0 +1,270 @@
+"""Search spaces: YAML files parsed once into typed objects, validated before any cluster work.
+
+A file names an algorithm and lists what is sampled (`search`), what is set (`fixed`), what follows
+from the sampled values (`derived`) and per-dataset overrides (`datasets: {name: {...}}`). The format
+is documented in search_spaces/README.md. Every error names the file, the key, the value and what
+was expected, in one line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+import yaml
+
+from raybench.algorithms import ALGORITHMS
+from raybench.data import ShiftDataset
+from raybench.trainer import ConfigError, TrainConfig
+
+TOP_KEYS = {"algorithm", "description", "search", "fixed", "derived", "datasets"}
+OVERRIDE_KEYS = {"search", "fixed", "derived"}
+DISTRIBUTIONS = ("loguniform", "uniform", "choice", "lr")
+DERIVED_RULES = ("ratio_epochs",)
+SEARCH_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+
+
+class SpaceError(ValueError):
+    """A malformed search-space file: one line naming file, key, value and what was expected."""
+
+    def __init__(self, path: Union[str, Path], key: str, value: Any, expected: str) -> None:
+        super().__init__(f"{path}: {key}: expected {expected}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One sampled parameter. `lr` means log-uniform over [r / 10^decades, r * 10^decades] (WILDS 2.0 App. D)."""
+
+    name: str
+    distribution: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    values: tuple[Any, ...] = ()
+    decades: float = 1.0
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A value computed from sampled ones; `ratio_epochs`: epochs = ceil(factor * E / (k + 1))."""
+
+    name: str
+    rule: str
+    factor: float = 2.0
+
+
+@dataclass
+class SearchSpace:
+    path: Path
+    algorithm: str
+    description: str
+    search: dict[str, Param]
+    fixed: dict[str, Any]
+    derived: dict[str, Derived]
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def for_dataset(self, dataset: ShiftDataset) -> "ResolvedSpace":
+        """Merge the dataset's overrides and turn `lr` distributions into concrete bounds."""
+        override = self.datasets.get(dataset.name, {})
+        search = {**self.search, **override.get("search", {})}
+        fixed = {**self.fixed, **override.get("fixed", {})}
+        derived = {**self.derived, **override.get("derived", {})}
+        base = TrainConfig.from_flat({"dataset": dataset.name, "algorithm": self.algorithm, **fixed}).resolve(dataset)
+        center = base.lr * (base.batch_size * base.grad_accum) / dataset.defaults.batch_size
+        concrete = {name: _concrete(p, center) for name, p in search.items()}
+        return ResolvedSpace(self.algorithm, dataset.name, concrete, fixed, derived, dataset.defaults.epochs, center)
+
+
+def _concrete(param: Param, lr_center: float) -> Param:
+    if param.distribution != "lr":
+        return param
+    scale = 10.0 ** param.decades
+    return dataclasses.replace(param, distribution="loguniform", low=lr_center / scale, high=lr_center * scale)
+
+
+@dataclass
+class ResolvedSpace:
+    """A space bound to one dataset: concrete distributions plus everything needed to build a config."""
+
+    algorithm: str
+    dataset: str
+    search: dict[str, Param]
+    fixed: dict[str, Any]
+    derived: dict[str, Derived]
+    default_epochs: int
+    lr_center: float
+
+    def materialize(self, sampled: Mapping[str, Any]) -> dict[str, Any]:
+        """The full flat trainer config of a trial: fixed values, then sampled, then derived ones."""
+        config: dict[str, Any] = {"dataset": self.dataset, "algorithm": self.algorithm, **self.fixed}
+        config.update({k: _plain(v) for k, v in sampled.items()})
+        for name, rule in self.derived.items():
+            config[name] = self._derive(rule, config)
+        return config
+
+    def _derive(self, rule: Derived, config: Mapping[str, Any]) -> Any:
+        k = int(config.get("unlabeled_ratio") or 1)
+        return max(1, math.ceil(rule.factor * self.default_epochs / (k + 1)))
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars from samplers -> Python scalars, so configs hash and serialise the same everywhere."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def trial_id(config: Mapping[str, Any]) -> str:
+    """Content-derived identity: a hash of dataset, algorithm and config (DomainBed's idea)."""
+    canonical = json.dumps({k: _plain(v) for k, v in sorted(config.items()) if k != "seed"}, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def run_key(config: Mapping[str, Any], stage: str) -> str:
+    """The identity of one run: the trial id, plus the seed for replicates (same config, several seeds)."""
+    key = trial_id(config)
+    return f"{key}-seed{config['seed']}" if stage == "replicate" else key
+
+
+# ----- parsing and validation -------------------------------------------------------------------
+def resolve_path(name_or_path: str) -> Path:
+    """A path as given, or the name of a file in search_spaces/ (`dann` -> search_spaces/dann.yaml)."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    return SEARCH_DIR / f"{name_or_path}.yaml"
+
+
+def load_space(name_or_path: str) -> SearchSpace:
+    path = resolve_path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SEARCH_DIR.glob("*.yaml")))
+        raise SpaceError(path, "file", str(path), f"an existing YAML file or one of: {known}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "file"
+        raise SpaceError(path, where, getattr(err, "problem", str(err)), "valid YAML") from None
+    return parse_space(data, path)
+
+
+def parse_space(data: Any, path: Path) -> SearchSpace:
+    if not isinstance(data, dict):
+        raise SpaceError(path, "(top level)", data, "a mapping with keys algorithm, search, fixed, derived, datasets")
+    _no_unknown(data, TOP_KEYS, path, "")
+    algorithm = data.get("algorithm")
+    if algorithm not in ALGORITHMS:
+        raise SpaceError(path, "algorithm", algorithm, f"one of {', '.join(ALGORITHMS.names())}")
+    section = _parse_section(data, path, "", algorithm)
+    datasets = data.get("datasets") or {}
+    if not isinstance(datasets, dict):
+        raise SpaceError(path, "datasets", datasets, "a mapping from dataset name to overrides")
+    overrides = {}
+    for name, body in datasets.items():
+        if not isinstance(body, dict):
+            raise SpaceError(path, f"datasets.{name}", body, "a mapping with keys search, fixed, derived")
+        _no_unknown(body, OVERRIDE_KEYS, path, f"datasets.{name}.")
+        overrides[str(name)] = _parse_section(body, path, f"datasets.{name}.", algorithm)
+    description = data.get("description", "")
+    return SearchSpace(path, algorithm, str(description), section["search"], section["fixed"], section["derived"], overrides)
+
+
+def _no_unknown(data: dict, allowed: set[str], path: Path, prefix: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise SpaceError(path, f"{prefix}{key}", data[key], f"one of the keys {', '.join(sorted(allowed))}")
+
+
+def _parse_section(data: dict, path: Path, prefix: str, algorithm: str) -> dict[str, Any]:
+    search = {name: _parse_param(name, spec, path, f"{prefix}search.{name}", algorithm)
+              for name, spec in _mapping(data.get("search"), path, f"{prefix}search").items()}
+    fixed = _mapping(data.get("fixed"), path, f"{prefix}fixed")
+    for name, value in fixed.items():
+        _check_value(name, value, path, f"{prefix}fixed.{name}", algorithm)
+    derived = {name: _parse_derived(name, spec, path, f"{prefix}derived.{name}", algorithm)
+               for name, spec in _mapping(data.get("derived"), path, f"{prefix}derived").items()}
+    clash = set(search) & set(fixed)
+    if clash:
+        name = sorted(clash)[0]
+        raise SpaceError(path, f"{prefix}fixed.{name}", fixed[name], f"no value, since {name!r} is also searched")
+    return {"search": search, "fixed": fixed, "derived": derived}
+
+
+def _mapping(value: Any, path: Path, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpaceError(path, key, value, "a mapping")
+    return value
+
+
+def _known_names(algorithm: str) -> set[str]:
+    hparams = {f.name for f in dataclasses.fields(ALGORITHMS.get(algorithm).Hparams)}
+    return (set(TrainConfig.field_names()) | hparams) - {"dataset", "algorithm"}
+
+
+def _check_name(name: str, path: Path, key: str, algorithm: str) -> None:
+    if name not in _known_names(algorithm):
+        raise SpaceError(path, key, name, f"a trainer setting or a hyperparameter of {algorithm!r}: "
+                                          f"{', '.join(sorted(_known_names(algorithm)))}")
+
+
+def _check_value(name: str, value: Any, path: Path, key: str, algorithm: str) -> None:
+    """Type- and range-check one value the way the trainer will, so a bad file fails before Ray starts."""
+    _check_name(name, path, key, algorithm)
+    try:
+        TrainConfig.from_flat({"algorithm": algorithm, name: value})
+    except ConfigError as err:
+        raise SpaceError(path, key, value, err.detail.partition(", got")[0].removeprefix("expected ")) from None
+
+
+def _number(spec: dict, field_name: str, path: Path, key: str) -> float:
+    value = spec.get(field_name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpaceError(path, f"{key}.{field_name}", value, "a finite number")
+    return float(value)
+
+
+def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> Param:
+    _check_name(name, path, key, algorithm)
+    if not isinstance(spec, dict):
+        raise SpaceError(path, key, spec, "a mapping with a 'distribution' key")
+    kind = spec.get("distribution")
+    if kind not in DISTRIBUTIONS:
+        raise SpaceError(path, f"{key}.distribution", kind, f"one of {', '.join(DISTRIBUTIONS)}")
+    allowed = {"loguniform": {"low", "high"}, "uniform": {"low", "high"}, "choice": {"values"}, "lr": {"decades"}}[kind]
+    _no_unknown(spec, allowed | {"distribution"}, path, f"{key}.")
+    if kind == "choice":
+        values = spec.get("values")
+        if not isinstance(values, list) or not values:
+            raise SpaceError(path, f"{key}.values", values, "a non-empty list")
+        for i, value in enumerate(values):
+            _check_value(name, value, path, f"{key}.values[{i}]", algorithm)
+        return Param(name, kind, values=tuple(values))
+    if kind == "lr":
+        decades = _number(spec, "decades", path, key) if "decades" in spec else 1.0
+        if decades <= 0:
+            raise SpaceError(path, f"{key}.decades", decades, "a positive number")
+        return Param(name, kind, decades=decades)
+    low, high = _number(spec, "low", path, key), _number(spec, "high", path, key)
+    if kind == "loguniform" and low <= 0:
+        raise SpaceError(path, f"{key}.low", low, "a positive number (log-uniform)")
+    if low >= high:
+        raise SpaceError(path, f"{key}.high", high, f"a number greater than low ({low})")
+    for bound, value in (("low", low), ("high", high)):
+        _check_value(name, value, path, f"{key}.{bound}", algorithm)
+    return Param(name, kind, low=low, high=high)
+
+
+def _parse_derived(name: str, spec: Any, path: Path, key: str, algorithm: str) -> Derived:
+    _check_name(name, path, key, algorithm)
+    if not isinstance(spec, dict) or spec.get("rule") not in DERIVED_RULES:
+        got = spec.get("rule") if isinstance(spec, dict) else spec
+        raise SpaceError(path, f"{key}.rule", got, f"one of {', '.join(DERIVED_RULES)}")
+    _no_unknown(spec, {"rule", "factor"}, path, f"{key}.")
+    factor = _number(spec, "factor", path, key) if "factor" in spec else 2.0
+    if factor <= 0:
+        raise SpaceError(path, f"{key}.factor", factor, "a positive number")
+    return Derived(name, spec["rule"], factor)

@@ -1,0 +1,161 @@
+"""End to end on a real local Ray with a real MLflow store: a smoke sweep, failure isolation, results.
+
+Each sweep runs as the `raybench` command in a subprocess with its own Ray temp dir, exactly as a user
+runs it; the test then reads what it left in MLflow through MlflowClient.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import run_cli
+from raybench.data import load_dataset
+from raybench.sweep.space import load_space
+
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def smoke_sweep(tmp_path_factory, shared_data_dir):
+    """One smoke sweep of DANN through the Ray Train executor (2 trials x 4 steps x 2 epochs, 2 replicates)."""
+    import os
+    import shutil
+    import tempfile
+
+    from conftest import BIN, stop_processes_under
+
+    workdir = tmp_path_factory.mktemp("sweep")
+    ray_tmp = tempfile.mkdtemp(prefix="rbt-smoke-", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAYBENCH_DATA_DIR": str(shared_data_dir), "PYTHONUNBUFFERED": "1",
+           "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    try:
+        proc = run_cli(["sweep", "dann", "--smoke", "--seed", str(SEED), "--name", "smoke", "--storage", str(workdir / "runs"),
+                        "--tracking-uri", uri], env, workdir)
+    finally:
+        stop_processes_under(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((workdir / "runs" / "smoke" / "results" / "summary.json").read_text())
+    return {"dir": workdir, "uri": uri, "stdout": proc.stdout, "summary": summary, "env": env}
+
+
+def replay_random_sampler(space_name: str, seed: int, n: int, data_dir: Path) -> list[dict]:
+    """What Optuna's RandomSampler(seed) draws for the space's distributions, in order."""
+    from raybench.sweep.ray_backend import optuna_distribution
+
+    resolved = load_space(space_name).for_dataset(load_dataset("digits-shift", data_dir))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed), direction="maximize")
+    distributions = {name: optuna_distribution(p) for name, p in resolved.search.items()}
+    return [study.ask(distributions).params for _ in range(n)]
+
+
+def test_same_seed_gives_the_same_configs(smoke_sweep, shared_data_dir):
+    trials = smoke_sweep["summary"]["trials"]
+    assert len(trials) == 2 and [t["order"] for t in trials] == sorted(t["order"] for t in trials)
+    expected = replay_random_sampler("dann", SEED, 2, shared_data_dir)
+    for trial, params in zip(trials, expected):
+        assert trial["sampled"] == pytest.approx(params)
+
+
+def test_selected_trial_has_the_maximum_ood_val_metric(smoke_sweep):
+    summary = smoke_sweep["summary"]
+    ok = [t for t in summary["trials"] if t["status"] == "ok"]
+    assert summary["selection"]["metric"] == "val/acc"
+    assert summary["selected"]["selection_value"] == max(t["selection_value"] for t in ok)
+    for t in ok:
+        assert t["selection_value"] == pytest.approx(t["metrics"]["best/val/acc"])
+
+
+def test_replicate_count_and_summary_math(smoke_sweep):
+    rep = smoke_sweep["summary"]["replicates"]
+    assert len(rep["seeds"]) == len(set(rep["seeds"])) == 2 and rep["ok"] == 2
+    assert sorted(r["seed"] for r in rep["runs"]) == sorted(rep["seeds"])
+    for key in ("best/test/acc", "best/id_test/acc", "best/val/acc"):
+        values = [r["metrics"][key] for r in rep["runs"]]
+        assert rep["summary"][key]["mean"] == pytest.approx(statistics.mean(values))
+        assert rep["summary"][key]["std"] == pytest.approx(statistics.stdev(values))
+        assert rep["summary"][key]["n"] == 2
+
+
+def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
+    client = MlflowClient(tracking_uri=smoke_sweep["uri"])
+    experiment = client.get_experiment_by_name("raybench")
+    parents = client.search_runs([experiment.experiment_id], "tags.stage = 'sweep'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0].info.run_id
+    children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
+    stages = sorted(r.data.tags["stage"] for r in children)
+    assert stages == ["replicate", "replicate", "search", "search"]
+    for run in children:
+        assert run.info.status == "FINISHED"
+        tags = run.data.tags
+        assert {"trial_id", "seed", "dataset", "algorithm", "raybench_version"} <= set(tags)
+        assert tags["dataset"] == "digits-shift" and tags["algorithm"] == "dann"
+        assert "penalty" in run.data.params and "unlabeled_ratio" in run.data.params
+        history = client.get_metric_history(run.info.run_id, "val/acc")
+        assert sorted(m.step for m in history) == [0, 1]  # one value per epoch
+    trial_ids = {r.data.tags["trial_id"] for r in children if r.data.tags["stage"] == "search"}
+    assert trial_ids == {t["trial_id"] for t in smoke_sweep["summary"]["trials"]}
+    artifacts = {a.path for a in client.list_artifacts(parent, "results")}
+    assert {"results/summary.json", "results/trials.csv", "results/trials.parquet", "results/replicates.parquet"} <= artifacts
+    assert [a.path for a in client.list_artifacts(parent, "selected_checkpoint")] == ["selected_checkpoint/best_model.pt"]
+
+
+def test_results_command_reads_the_sweep_back(smoke_sweep):
+    workdir, env, uri = smoke_sweep["dir"], smoke_sweep["env"], smoke_sweep["uri"]
+    as_json = run_cli(["results", "smoke", "--format", "json", "--tracking-uri", uri], env, workdir)
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["selected"]["trial_id"] == smoke_sweep["summary"]["selected"]["trial_id"]
+    assert set(data) >= {"name", "dataset", "algorithm", "selection", "trials", "selected", "replicates"}
+    table = run_cli(["results", "smoke", "--tracking-uri", uri], env, workdir)
+    assert "OOD test" in table.stdout and "ID test" in table.stdout and data["selected"]["trial_id"] in table.stdout
+    csv = run_cli(["results", "smoke", "--format", "csv", "--tracking-uri", uri], env, workdir)
+    assert csv.stdout.splitlines()[0].startswith("trial_id,status,selection_value") and len(csv.stdout.splitlines()) == 3
+    missing = run_cli(["results", "nope", "--tracking-uri", uri], env, workdir)
+    assert missing.returncode == 2 and "no sweep named 'nope'" in missing.stderr
+
+
+def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(tmp_path, sweep_env, shared_data_dir):
+    space = tmp_path / "diverge.yaml"
+    space.write_text("algorithm: erm\nsearch:\n  lr: {distribution: choice, values: [0.001, 1.0e+20]}\n")
+    resolved = load_space(str(space)).for_dataset(load_dataset("digits-shift", shared_data_dir))
+    seed = next(s for s in range(100) if {p["lr"] for p in _replay(resolved, s, 2)} == {0.001, 1e20})
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = run_cli(["sweep", str(space), "--smoke", "--seed", str(seed), "--replicates", "1", "--name", "nan",
+                    "--storage", str(tmp_path / "runs"), "--tracking-uri", uri], sweep_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((tmp_path / "runs" / "nan" / "results" / "summary.json").read_text())
+    by_lr = {t["sampled"]["lr"]: t for t in summary["trials"]}
+    assert by_lr[1e20]["status"] == "failed" and "loss is nan" in by_lr[1e20]["failure_reason"]
+    assert by_lr[0.001]["status"] == "ok"
+    assert summary["selected"]["sampled"]["lr"] == 0.001
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("raybench")
+    failed = client.search_runs([experiment.experiment_id], "tags.stage = 'search' and attributes.status = 'FAILED'")
+    assert len(failed) == 1 and "loss is nan" in failed[0].data.tags["failure_reason"]
+
+
+def _replay(resolved, seed: int, n: int) -> list[dict]:
+    from raybench.sweep.ray_backend import optuna_distribution
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    return [study.ask({k: optuna_distribution(p) for k, p in resolved.search.items()}).params for _ in range(n)]
+
+
+def test_unreachable_tracking_server_fails_fast(tmp_path, sweep_env):
+    import time
+
+    start = time.monotonic()
+    proc = run_cli(["sweep", "erm", "--smoke", "--tracking-uri", "http://127.0.0.1:9", "--storage", str(tmp_path / "runs")],
+                   sweep_env, tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("raybench: error: --tracking-uri: MLflow server at http://127.0.0.1:9 is unreachable")
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
