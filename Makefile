@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo check clean
 
 setup: $(STAMP)
 
@@ -17,7 +17,14 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+# The WILDS 2.0 protocol end to end on the embedded data: 10 random DANN configs on a private local Ray,
+# each a Ray Train run, selected on OOD validation, then 3 seed replicates; tracked in ./mlflow.db.
+# Running it again resumes (or just re-reads) the same sweep.
 demo: $(STAMP)
+	$(BIN)/raybench sweep dann --dataset digits-shift --trials 10 --replicates 3 --name demo-dann --resume
+
+# The #2 scientific check: ERM, DANN and FixMatch defaults, 3 seeds each (about 8 minutes on 2 cores).
+check: $(STAMP)
 	$(BIN)/python benchmarks/digits_shift_check.py
 
 clean:

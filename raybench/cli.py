@@ -28,24 +28,27 @@ def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
     return values
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+def bounded(kind: type, minimum: float, strict: bool = False) -> Callable[[str], Any]:
+    """An argparse type: `kind` (int or float) at least `minimum` (greater, if `strict`), named in errors."""
+    noun = "an integer" if kind is int else "a number"
+    expected = f"expected {noun} {'>' if strict else '>='} {minimum:g}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"{expected}, got {value}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+positive_int = bounded(int, 1)
+non_negative_int = bounded(int, 0)
+non_negative_float = bounded(float, 0)
+positive_float = bounded(float, 0, strict=True)
 
 
 # ----- raybench list ----------------------------------------------------------------------------
@@ -101,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # ----- raybench sweep ---------------------------------------------------------------------------
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from raybench.sweep.runner import SweepOptions, prepare, run_sweep
+    from raybench.sweep.runner import SweepExists, SweepOptions, prepare, run_sweep
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError
     from raybench.trainer import ConfigError
@@ -116,7 +119,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         prepare(options)
         summary = run_sweep(options)
-    except SpaceError as err:
+    except (SpaceError, SweepExists) as err:
         raise UsageError(str(err)) from None
     except UnknownNameError as err:
         raise UsageError(f"--dataset/--selection: {err}") from None
@@ -145,40 +148,23 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = fraction(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
-    return value
-
-
 def add_sweep_parser(sub: Any) -> None:
     p = sub.add_parser("sweep", help="random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)")
     p.add_argument("space", help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
     p.add_argument("--dataset", default="digits-shift")
-    p.add_argument("--trials", type=positive_int, default=10)
-    p.add_argument("--replicates", type=non_negative_int, default=3)
+    p.add_argument("--trials", type=positive_int, help="random configs to try (default 10; 2 with --smoke)")
+    p.add_argument("--replicates", type=non_negative_int, help="seeds for the selected config (default 3; 2 with --smoke)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="the search's seed (Optuna sampler)")
     p.add_argument("--sampler", choices=["random", "tpe"], default="random")
     p.add_argument("--max-concurrent", type=positive_int, default=2)
     p.add_argument("--workers-per-trial", type=positive_int, default=1)
     p.add_argument("--cpus-per-worker", type=positive_float, default=1.0)
-    p.add_argument("--gpus-per-worker", type=fraction, default=0.0)
+    p.add_argument("--gpus-per-worker", type=non_negative_float, default=0.0)
     p.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray")
     p.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
     p.add_argument("--storage", default="runs", help="Tune storage folder (shared storage on a multi-node cluster)")
     p.add_argument("--name", help="sweep name; default: SPACE-DATASET-seedSEED")
-    p.add_argument("--smoke", action="store_true", help="2 trials x a few steps and 2 replicates, to check a YAML")
+    p.add_argument("--smoke", action="store_true", help="a few steps per trial (and by default 2 trials, 2 replicates)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
     p.add_argument("--executor", choices=["train", "function"], default="train",
                    help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, single worker")

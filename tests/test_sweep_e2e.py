@@ -129,6 +129,7 @@ def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(tmp_path, sweep_env
     seed = next(s for s in range(100) if {p["lr"] for p in _replay(resolved, s, 2)} == {0.001, 1e20})
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     proc = run_cli(["sweep", str(space), "--smoke", "--seed", str(seed), "--replicates", "1", "--name", "nan",
+                    "--workers-per-trial", "2",  # DDP under Ray Train: all ranks must stop together
                     "--storage", str(tmp_path / "runs"), "--tracking-uri", uri], sweep_env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "runs" / "nan" / "results" / "summary.json").read_text())

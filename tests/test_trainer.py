@@ -131,3 +131,45 @@ def test_noisy_student_trains_its_own_teacher_then_reuses_a_checkpoint(tiny_data
 def test_bad_selection_metric_is_named(tiny_dataset):
     with pytest.raises(ConfigError, match="selection_metric: expected one of .*val/acc.*got 'val/auc'"):
         Trainer(config(selection_metric="val/auc"), dataset=tiny_dataset)
+
+
+def _ddp_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from conftest import make_tiny_dataset
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        Trainer.new_model = lambda self: _mlp_model(self.dataset)
+        original = ERM.objective
+
+        def half_batches_only(self, labeled, unlabeled, step):
+            assert len(labeled) == 16, f"rank {rank} got {len(labeled)} examples of a global batch of 32"
+            return original(self, labeled, unlabeled, step)
+
+        ERM.objective = half_batches_only
+        cfg = config(algorithm="erm", optimizer="sgd", momentum=0.0, lr=0.5, epochs=1, batch_size=32, max_steps_per_epoch=2)
+        model = Trainer(cfg, dataset=make_tiny_dataset()).fit().best_model
+        if rank == 0:
+            torch.save(model.state_dict(), out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ddp_workers_match_one_process_on_the_same_global_batches(tiny_dataset, monkeypatch, tmp_path):
+    """Each rank takes half of every global batch; averaged gradients equal the single-process step."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp.pt"
+    mp.spawn(_ddp_worker, args=(port, str(out)), nprocs=2, join=True)
+    monkeypatch.setattr(Trainer, "new_model", lambda self: _mlp_model(self.dataset))
+    cfg = config(algorithm="erm", optimizer="sgd", momentum=0.0, lr=0.5, epochs=1, batch_size=32, max_steps_per_epoch=2)
+    single = Trainer(cfg, dataset=tiny_dataset).fit().best_model.state_dict()
+    ddp = torch.load(out, weights_only=True)
+    for key, value in single.items():
+        torch.testing.assert_close(ddp[key], value, rtol=1e-4, atol=1e-6)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -66,6 +66,8 @@ class TrainDefaults:
     unlabeled_ratio: int = 3
     unlabeled_split: str = "test_unlabeled"
     grad_clip: Optional[float] = None
+    # Per-algorithm hyperparameter defaults of this dataset (WILDS keeps e.g. DANN's lambda per dataset).
+    algorithm_hparams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -385,8 +385,13 @@ def build_digits_shift(data_dir: Path, seed: int) -> ShiftDataset:
         defaults=TrainDefaults(
             model="lenet", optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=64, epochs=10,
             unlabeled_ratio=3, unlabeled_split="test_unlabeled",
+            # As for most WILDS datasets (camelyon17, iwildcam, poverty, ogb): lambda = 0.1 for the alignment penalties.
+            algorithm_hparams={"dann": {"penalty": 0.1}, "coral": {"penalty": 0.1}},
         ),
-        views=ImageViews(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pad=2, flip=False, cutout_size=8).as_views(),
+        # RandAugment and Cutout scaled to 16-px digits: magnitude 5 of 30 and a 4x4 hole. At the ImageNet
+        # settings (9, half-image hole) ERM+aug reached 84% ID accuracy after 3 epochs instead of 89%.
+        views=ImageViews(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pad=2, flip=False, cutout_size=4,
+                         magnitude=5).as_views(),
         domain_names=DOMAIN_NAMES,
         input_shape=(3, IMAGE_SIZE, IMAGE_SIZE),
         description="sklearn's handwritten digits in 5 flat-colour source styles; OOD: stripes (val), MNIST-M (test).",

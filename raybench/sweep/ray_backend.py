@@ -15,6 +15,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -88,8 +89,9 @@ def shutdown() -> None:
 
 
 # ----- reporting from inside a trial ---------------------------------------------------------------------
-def _flat_report(report: EpochReport, facts: dict[str, str]) -> dict[str, Any]:
+def _flat_report(report: EpochReport, facts: dict[str, str], started: float) -> dict[str, Any]:
     metrics: dict[str, Any] = dict(report.metrics)
+    metrics["time/trial_s"] = time.perf_counter() - started  # time inside the trainer: the useful work
     metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith("train/")})
     metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
     metrics.update({f"info/{k}": v for k, v in facts.items()})
@@ -102,6 +104,7 @@ class TrainReporter(Callback):
     def __init__(self) -> None:
         self.facts: dict[str, str] = {}
         self.rank = ray.train.get_context().get_world_rank()
+        self.started = time.perf_counter()
 
     def on_info(self, facts: dict[str, str]) -> None:
         self.facts.update(facts)
@@ -112,7 +115,7 @@ class TrainReporter(Callback):
             if self.rank == 0:
                 report.write_checkpoint(Path(tmp))
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(_flat_report(report, self.facts), checkpoint=checkpoint)
+            ray.train.report(_flat_report(report, self.facts, self.started), checkpoint=checkpoint)
 
 
 class TuneReporter(TrainReporter):
@@ -121,9 +124,10 @@ class TuneReporter(TrainReporter):
     def __init__(self) -> None:
         self.facts = {}
         self.last: dict[str, Any] = {}
+        self.started = time.perf_counter()
 
     def on_epoch_end(self, report: EpochReport) -> None:
-        self.last = _flat_report(report, self.facts)
+        self.last = _flat_report(report, self.facts, self.started)
         with tempfile.TemporaryDirectory() as tmp:
             report.write_checkpoint(Path(tmp))
             tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp))
@@ -143,7 +147,9 @@ def _fit(config: dict[str, Any], reporter: Callback, checkpoint: Optional[Any], 
 
 
 def _divergence_report(err: DivergenceError) -> dict[str, Any]:
-    return {FAILURE_KEY: f"diverged: {err}"}
+    """The failure as a last report (Train would otherwise retry a deterministic divergence); the search
+    metric is NaN because Tune insists every result carries it. The driver then fails the trial."""
+    return {FAILURE_KEY: f"diverged: {err}", SEARCH_METRIC: float("nan")}
 
 
 def train_worker_loop(loop_config: dict[str, Any]) -> None:
@@ -151,7 +157,18 @@ def train_worker_loop(loop_config: dict[str, Any]) -> None:
     try:
         _fit(loop_config["config"], TrainReporter(), ray.train.get_checkpoint(), int(loop_config["threads"]))
     except DivergenceError as err:  # deterministic: retrying from a checkpoint would diverge again
-        ray.train.report(_divergence_report(err))
+        report_failure(_divergence_report(err))
+
+
+def report_failure(metrics: dict[str, Any]) -> None:
+    """Report the failure with a (tiny) checkpoint: Train's result only carries checkpointed reports, so
+    this is how the driver learns of it and fails the trial instead of recording it as finished."""
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if ray.train.get_context().get_world_rank() == 0:
+            (Path(tmp) / "failure.json").write_text(json.dumps(metrics))
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
 
 
 def _raise_if_failed(metrics: Optional[dict[str, Any]]) -> None:
@@ -322,19 +339,29 @@ class TrackingCallback(tune.Callback):
     """
 
     def __init__(self, tracker: Any, space: ResolvedSpace, stage: str, tags: dict[str, str]) -> None:
-        self.tracker, self.space, self.stage, self.tags = tracker, space, stage, tags
+        self._tracker, self.space, self.stage, self.tags = tracker, space, stage, tags
+        self.uri, self.parent_id = tracker.uri, tracker.parent_id
         self.runs: dict[str, str] = {}
 
-    def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment state
-        return {**self.__dict__, "tracker": None, "runs": {}}
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles callbacks into its experiment state and hands the copy back on restore: keep the
+        tracking URI and parent run id, and reconnect lazily."""
+        return {**self.__dict__, "_tracker": None, "runs": {}}
+
+    @property
+    def tracker(self) -> Any:
+        if self._tracker is None:
+            from raybench.tracking import SweepTracker
+
+            self._tracker = SweepTracker(self.uri)
+            self._tracker.parent_id = self.parent_id
+        return self._tracker
 
     def _key(self, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         materialized = self.space.materialize(config)
         return run_key(materialized, self.stage), materialized
 
-    def _run(self, trial: Any) -> Optional[str]:
-        if self.tracker is None:
-            return None
+    def _run(self, trial: Any) -> str:
         if trial.trial_id not in self.runs:
             key, config = self._key(trial.config)
             tags = {**self.tags, "stage": self.stage, "trial_id": key.split("-seed")[0], "seed": str(config["seed"]),
@@ -347,18 +374,16 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         run = self._run(trial)
-        if run is not None and FAILURE_KEY not in result and not result.get("replayed"):
+        if FAILURE_KEY not in result and not result.get("replayed"):
             self.tracker.log_metrics(run, result, step=int(result.get("epoch", iteration)))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run = self._run(trial)
-        if run is not None:
-            self.tracker.end_child(run, "FINISHED")
+        reason = (trial.last_result or {}).get(FAILURE_KEY)  # a diverged Train run ends without an exception
+        self.tracker.end_child(run, "FAILED" if reason else "FINISHED", reason=reason)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        run = self._run(trial)
-        if run is not None:
-            self.tracker.end_child(run, "FAILED", reason=error_reason(trial))
+        self.tracker.end_child(self._run(trial), "FAILED", reason=error_reason(trial))
 
 
 def error_reason(trial: Any) -> str:
@@ -414,7 +439,7 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace) -> list[dict[str, Any]]
             "failure_reason": reason,
             "selection_value": metrics.get(SEARCH_METRIC) if not reason else None,
             "best_epoch": metrics.get("best_epoch"),
-            "metrics": {k: v for k, v in metrics.items() if k.startswith("best/") and isinstance(v, (int, float))},
+            "metrics": {k: v for k, v in metrics.items() if k.startswith(("best/", "time/")) and isinstance(v, (int, float))},
             "checkpoint": _checkpoint_path(result, metrics),
         })
     return sorted(records, key=lambda r: r["order"])

@@ -19,6 +19,10 @@ from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import ResolvedSpace, load_space
 from raybench.tracking import SweepTracker, base_tags, default_tracking_uri
 
+class SweepExists(ValueError):
+    """A sweep of that name already has results; nothing is overwritten without --resume."""
+
+
 SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
 
 
@@ -26,8 +30,8 @@ SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
 class SweepOptions:
     space: str
     dataset: str = "digits-shift"
-    trials: int = 10
-    replicates: int = 3
+    trials: Optional[int] = None  # None: 10, or 2 with smoke
+    replicates: Optional[int] = None  # None: 3, or 2 with smoke
     seed: int = 0
     sampler: str = "random"
     max_concurrent: int = 2
@@ -70,7 +74,8 @@ def prepare(options: SweepOptions) -> Prepared:
     dataset = load_dataset(options.dataset)
     selection = SELECTIONS.get(options.selection)
     metric = selection.metric(dataset)
-    trials, replicates = (2, 2) if options.smoke else (options.trials, options.replicates)
+    trials = options.trials if options.trials is not None else (2 if options.smoke else 10)
+    replicates = options.replicates if options.replicates is not None else (2 if options.smoke else 3)
     options = dataclasses.replace(options, trials=trials, replicates=replicates)
     resolved = space.for_dataset(dataset)
     smoke = SMOKE_FIXED if options.smoke else {}
@@ -81,8 +86,11 @@ def prepare(options: SweepOptions) -> Prepared:
 
     TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full dry run of a config
     uri = options.tracking_uri or default_tracking_uri()
-    return Prepared(options, options.sweep_name(space.algorithm), resolved, space.algorithm, metric, selection.label,
-                    list(dataset.metrics), uri, Path(options.storage).resolve())
+    name, storage = options.sweep_name(space.algorithm), Path(options.storage).resolve()
+    if not options.resume and any((storage / f"{name}-{stage}").exists() for stage in ("search", "replicate")):
+        raise SweepExists(f"--name: a sweep named {name!r} already exists under {storage}; "
+                          f"pass --resume to continue it, or another --name")
+    return Prepared(options, name, resolved, space.algorithm, metric, selection.label, list(dataset.metrics), uri, storage)
 
 
 def _midpoints(space: ResolvedSpace) -> dict[str, Any]:

@@ -122,7 +122,8 @@ class TrainConfig:
         }
         if self.selection_metric is None:
             filled["selection_metric"] = dataset.selection_metric
-        resolved = dataclasses.replace(self, **filled, hparams=dict(self.hparams))
+        hparams = {**defaults.algorithm_hparams.get(self.algorithm, {}), **self.hparams}
+        resolved = dataclasses.replace(self, **filled, hparams=hparams)
         resolved.validate()
         resolved.check_against(dataset)
         return resolved

@@ -20,7 +20,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from raybench.algorithms import ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, build_algorithm
 from raybench.data import ShiftDataset, Split, load_dataset
@@ -60,6 +62,31 @@ class _Progress:
     round_best_value: float = float("-inf")
     history: list[dict[str, float]] = field(default_factory=list)
     info: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place in data-parallel training (Ray Train sets up the process group)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def current(cls) -> "Shard":
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+    def take(self, index: Tensor) -> Tensor:
+        """This rank's share of a global batch; every rank draws the same global batch from the same generator."""
+        return index[self.rank::self.world_size] if self.world_size > 1 else index
+
+    def all_finite(self, loss: Tensor) -> bool:
+        """Whether the loss is finite on every rank, so all ranks stop together instead of hanging in backward."""
+        finite = torch.isfinite(loss.detach()).to(torch.int32)
+        if self.world_size > 1:
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return bool(finite)
 
 
 def choose_device(name: str) -> torch.device:
@@ -103,7 +130,10 @@ class Trainer:
         self.dataset = dataset or load_dataset(config.dataset, config.data_dir, config.data_seed)
         self.config = config.resolve(self.dataset)
         self.callbacks = list(callbacks)
+        self.shard = Shard.current()
         self.device = choose_device(self.config.device)
+        if self.device.type == "cuda" and self.shard.world_size > 1:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         self.train_split = self.dataset.split("train")
         self.uses_unlabeled = ALGORITHMS.get(self.config.algorithm).uses_unlabeled
         self.unlabeled_split: Optional[Split] = (
@@ -187,7 +217,7 @@ class Trainer:
 
     # ----- the loop ---------------------------------------------------------------------------
     def fit(self, resume_from: Optional[Path] = None) -> FitResult:
-        seed_everything(self.config.seed)
+        seed_everything(self.config.seed + self.shard.rank)  # same init is broadcast by DDP; augmentations differ
         resumed = self._load_state(Path(resume_from)) if resume_from else None
         while True:
             round_index = self.progress.round
@@ -240,9 +270,19 @@ class Trainer:
             return None
         return cycle_batches(len(self.unlabeled_split), self.unlabeled_bs, generator)
 
+    def _parallel(self, algorithm: Algorithm) -> nn.Module:
+        """DDP around the algorithm when several workers train together; the algorithm itself otherwise."""
+        if self.shard.world_size == 1:
+            return algorithm
+        if getattr(self, "_ddp_for", None) is not algorithm:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self._ddp, self._ddp_for = DistributedDataParallel(algorithm, device_ids=ids), algorithm
+        return self._ddp
+
     def _train_epoch(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer, schedule: Schedule,
                      generator: torch.Generator, unlabeled: Optional[Iterator[Tensor]]) -> dict[str, float]:
         algorithm.train()
+        forward = self._parallel(algorithm)
         accum = self.config.grad_accum
         round_epoch = self.progress.epoch - self.progress.round * self.config.epochs
         sums: dict[str, Tensor] = {}
@@ -250,11 +290,12 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         for i in range(self.steps_per_epoch):
             step = round_epoch * self.steps_per_epoch + i
-            labeled = self.train_split.take(next(batches)).to(self.device)
-            unlabeled_batch = self.unlabeled_split.take(next(unlabeled)).to(self.device) if unlabeled else None
+            labeled = self.train_split.take(self.shard.take(next(batches))).to(self.device)
+            unlabeled_batch = (self.unlabeled_split.take(self.shard.take(next(unlabeled))).to(self.device)
+                               if unlabeled else None)
             with self._autocast():
-                out = algorithm(labeled, unlabeled_batch, step)
-            if not torch.isfinite(out.loss):
+                out = forward(labeled, unlabeled_batch, step)
+            if not self.shard.all_finite(out.loss):
                 raise DivergenceError(
                     f"loss is {float(out.loss.detach())} at epoch {self.progress.epoch}, step {step} "
                     f"({self.config.algorithm}, lr={self.config.lr}); no weights were updated with it"

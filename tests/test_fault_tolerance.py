@@ -1,0 +1,60 @@
+"""Ray Train's FailureConfig: a trial whose worker process dies resumes from its last checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from mlflow.tracking import MlflowClient
+
+from conftest import BIN
+
+
+def _our_train_workers(ray_tmp: str) -> list[int]:
+    """PIDs of Ray Train worker actors whose raylet belongs to this test's own Ray (found by its temp dir)."""
+    ours = set(subprocess.run(["pgrep", "-f", "--", ray_tmp], capture_output=True, text=True).stdout.split())
+    workers = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in workers:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                parent = fh.read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            continue
+        if parent in ours:
+            found.append(int(pid))
+    return found
+
+
+def _epochs_logged(uri: str) -> list[int]:
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("raybench")
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], "tags.stage = 'search'")
+    return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "val/acc"))
+
+
+def test_a_killed_worker_is_retried_from_its_last_checkpoint(tmp_path, sweep_env):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["sweep", "erm", "--trials", "1", "--replicates", "0", "--name", "crash", "--storage", str(tmp_path / "runs"),
+            "--tracking-uri", uri, "--set", "epochs=3", "--set", "max_steps_per_epoch=60", "--set", "patience=none"]
+    proc = subprocess.Popen([str(BIN / "raybench"), *args], env=sweep_env, cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed = False
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and not killed:
+        if _epochs_logged(uri) == [0]:  # epoch 0 reported with its checkpoint; epoch 1 under way
+            for pid in _our_train_workers(sweep_env["RAY_TMPDIR"]):
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+        time.sleep(0.5)
+    output, _ = proc.communicate(timeout=600)
+    assert killed, "the worker was never seen mid-training"
+    assert proc.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "runs" / "crash" / "results" / "summary.json").read_text())
+    assert [t["status"] for t in summary["trials"]] == ["ok"]
+    # Resumed from the epoch-0 checkpoint: every epoch reported exactly once, none restarted from scratch.
+    assert _epochs_logged(uri) == [0, 1, 2]
