@@ -25,12 +25,12 @@ import torch
 
 
 def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root: Path) -> tuple[dict, float]:
-    from raybench.sweep.runner import SweepOptions, run_sweep
+    from raybench.sweep.runner import SweepOptions, prepare, run_sweep
 
     options = SweepOptions(space=space, trials=trials, replicates=0, max_concurrent=concurrent, executor=executor,
                            storage=str(root / "runs"), tracking_uri=f"sqlite:///{root}/mlflow.db", name=f"bench-{executor}")
     start = time.perf_counter()
-    summary = run_sweep(options)
+    summary = run_sweep(prepare(options))
     return summary, time.perf_counter() - start
 
 
@@ -40,7 +40,7 @@ def run_bare(summary: dict, space_name: str) -> float:
     from raybench.sweep.runner import SweepOptions, prepare
     from raybench.trainer import TrainConfig, Trainer
 
-    prepared = prepare(SweepOptions(space=space_name))
+    prepared = prepare(SweepOptions(space=space_name, resume=True))  # resume: only resolving, nothing is run
     dataset = load_dataset("digits-shift")
     start = time.perf_counter()
     for trial in summary["trials"]:

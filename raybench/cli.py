@@ -117,8 +117,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         executor=args.executor, selection=args.selection, extra_fixed=parse_assignments(args.set),
     )
     try:
-        prepare(options)
-        summary = run_sweep(options)
+        prepared = prepare(options)
+        summary = run_sweep(prepared)
     except (SpaceError, SweepExists) as err:
         raise UsageError(str(err)) from None
     except UnknownNameError as err:

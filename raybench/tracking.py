@@ -140,6 +140,12 @@ class SweepTracker:
     def log_artifact(self, file: Path, artifact_path: Optional[str] = None, run_id: Optional[str] = None) -> None:
         self.client.log_artifact(run_id or self.parent_id, str(file), artifact_path)
 
+    def log_summary(self, markdown: str, metrics: Mapping[str, float]) -> None:
+        """The sweep's short markdown summary and its headline numbers, on the parent run."""
+        assert self.parent_id is not None
+        self.client.log_text(self.parent_id, markdown, "summary.md")
+        self._log(self.parent_id, metrics=numeric_metrics(metrics))
+
     # ----- child runs (trials and replicates) --------------------------------------------------
     def start_child(self, key: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
         """The child run for `key`, reused if a resumed sweep already made it."""

@@ -97,8 +97,8 @@ def _midpoints(space: ResolvedSpace) -> dict[str, Any]:
     return {n: p.values[0] if p.values else (p.low + p.high) / 2 for n, p in space.search.items()}
 
 
-def run_sweep(options: SweepOptions) -> dict[str, Any]:
-    prepared = prepare(options)
+def run_sweep(prepared: Prepared) -> dict[str, Any]:
+    """Run a prepared sweep to the end; returns the summary that is also written to disk and MLflow."""
     tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
     from raybench.sweep import ray_backend as backend  # Ray is imported only once everything is valid
 
@@ -172,9 +172,9 @@ def _record(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any], 
     directory = prepared.storage / prepared.name / "results"
     tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates))
     tracker.log_artifacts(directory, "results")
-    tracker.client.log_text(tracker.parent_id, tables.markdown(summary), "summary.md")
+    headline = {f"replicates/{key}/{stat}": cell[stat] for key, cell in summary["replicates"]["summary"].items()
+                for stat in ("mean", "std")}
+    tracker.log_summary(tables.markdown(summary), headline)
     checkpoint = Path(selected["checkpoint"]) / "best_model.pt" if selected and selected.get("checkpoint") else None
     if checkpoint is not None and checkpoint.is_file():
         tracker.log_artifact(checkpoint, "selected_checkpoint")
-    for key, cell in summary["replicates"]["summary"].items():
-        tracker.client.log_metric(tracker.parent_id, f"replicates/{key}/mean", cell["mean"])

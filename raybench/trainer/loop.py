@@ -246,9 +246,10 @@ class Trainer:
     def _train_round(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer, schedule: Schedule,
                      generators: dict[str, torch.Generator]) -> None:
         round_end = (self.progress.round + 1) * self.config.epochs
+        forward = self._parallel(algorithm)
         while self.progress.epoch < round_end:
             unlabeled = self._unlabeled_stream(generators["unlabeled"])
-            train_logs = self._train_epoch(algorithm, optimizer, schedule, generators["labeled"], unlabeled)
+            train_logs = self._train_epoch(algorithm, forward, optimizer, schedule, generators["labeled"], unlabeled)
             schedule.step_epoch()
             metrics = {**train_logs, **self._evaluate(algorithm), "lr": optimizer.param_groups[0]["lr"]}
             is_best = self._record(algorithm, metrics)
@@ -274,15 +275,11 @@ class Trainer:
         """DDP around the algorithm when several workers train together; the algorithm itself otherwise."""
         if self.shard.world_size == 1:
             return algorithm
-        if getattr(self, "_ddp_for", None) is not algorithm:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self._ddp, self._ddp_for = DistributedDataParallel(algorithm, device_ids=ids), algorithm
-        return self._ddp
+        return DistributedDataParallel(algorithm, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
-    def _train_epoch(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer, schedule: Schedule,
-                     generator: torch.Generator, unlabeled: Optional[Iterator[Tensor]]) -> dict[str, float]:
+    def _train_epoch(self, algorithm: Algorithm, forward: nn.Module, optimizer: torch.optim.Optimizer,
+                     schedule: Schedule, generator: torch.Generator, unlabeled: Optional[Iterator[Tensor]]) -> dict[str, float]:
         algorithm.train()
-        forward = self._parallel(algorithm)
         accum = self.config.grad_accum
         round_epoch = self.progress.epoch - self.progress.round * self.config.epochs
         sums: dict[str, Tensor] = {}
