@@ -79,9 +79,11 @@ def prepare(options: SweepOptions) -> Prepared:
     options = dataclasses.replace(options, trials=trials, replicates=replicates)
     resolved = space.for_dataset(dataset)
     smoke = SMOKE_FIXED if options.smoke else {}
-    resolved.fixed.update({"selection_metric": metric, "seed": options.seed, **options.extra_fixed, **smoke})
-    if options.smoke:
-        resolved.derived.pop("epochs", None)
+    overrides = {**options.extra_fixed, **smoke}
+    for name in overrides:  # a value set on the command line wins over the space's search and derivation
+        resolved.search.pop(name, None)
+        resolved.derived.pop(name, None)
+    resolved.fixed.update({"selection_metric": metric, "seed": options.seed, **overrides})
     from raybench.trainer import TrainConfig
 
     TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full dry run of a config

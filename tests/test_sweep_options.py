@@ -1,0 +1,71 @@
+"""Sweep options resolved before Ray starts: selection strategies, smoke sizing, refusals with one clear line."""
+from __future__ import annotations
+
+import pytest
+
+from raybench.cli import main
+from raybench.data import load_dataset
+from raybench.sweep.runner import SweepExists, SweepOptions, prepare
+from raybench.sweep.selection import SELECTIONS
+
+
+@pytest.fixture(autouse=True)
+def private_dirs(tmp_path, shared_data_dir, monkeypatch):
+    monkeypatch.setenv("RAYBENCH_DATA_DIR", str(shared_data_dir))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.parametrize("strategy, metric", [("ood_val", "val/acc"), ("id_val", "id_val/acc"), ("oracle", "test/acc")])
+def test_selection_strategies_pick_their_split(strategy, metric, shared_data_dir):
+    dataset = load_dataset("digits-shift", shared_data_dir)
+    assert SELECTIONS.get(strategy).metric(dataset) == metric
+    prepared = prepare(SweepOptions(space="erm", selection=strategy, storage="runs"))
+    assert prepared.selection_metric == metric and prepared.space.fixed["selection_metric"] == metric
+    assert ("ORACLE" in prepared.selection_label) == (strategy == "oracle")
+
+
+def test_smoke_sizes_unless_told_otherwise():
+    smoke = prepare(SweepOptions(space="erm", smoke=True, storage="runs"))
+    assert (smoke.options.trials, smoke.options.replicates) == (2, 2)
+    assert smoke.space.fixed["max_steps_per_epoch"] >= 1
+    explicit = prepare(SweepOptions(space="erm", smoke=True, trials=3, replicates=0, storage="runs"))
+    assert (explicit.options.trials, explicit.options.replicates) == (3, 0)
+    full = prepare(SweepOptions(space="erm", storage="runs"))
+    assert (full.options.trials, full.options.replicates) == (10, 3)
+
+
+def test_an_existing_sweep_is_not_overwritten_without_resume(tmp_path):
+    (tmp_path / "runs" / "mine-search").mkdir(parents=True)
+    with pytest.raises(SweepExists, match="pass --resume"):
+        prepare(SweepOptions(space="erm", name="mine", storage="runs"))
+    assert prepare(SweepOptions(space="erm", name="mine", storage="runs", resume=True)).name == "mine"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sweep", "erm", "--set", "penalty=1"], "--set penalty: not a setting of the trainer nor a hyperparameter of 'erm'"),
+        (["sweep", "erm", "--set", "lr=fast"], "--set lr: expected float, got 'fast'"),
+        (["sweep", "erm", "--dataset", "nope"], "unknown dataset 'nope'; known: digits-shift"),
+        (["sweep", "erm", "--trials", "0"], "--trials: expected an integer >= 1, got 0"),
+        (["sweep", "erm", "--gpus-per-worker", "-1"], "--gpus-per-worker: expected a number >= 0, got -1.0"),
+    ],
+)
+def test_bad_sweep_input_gets_one_line_and_starts_nothing(argv, message, capsys, tmp_path):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("raybench: error: ") and message in err and "\n" not in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_existing_sweep_refusal_on_the_command_line(tmp_path, capsys):
+    (tmp_path / "runs" / "erm-digits-shift-seed0-search").mkdir(parents=True)
+    assert main(["sweep", "erm"]) == 2
+    assert "a sweep named 'erm-digits-shift-seed0' already exists" in capsys.readouterr().err
+
+
+def test_set_on_the_command_line_wins_over_search_and_derivation():
+    prepared = prepare(SweepOptions(space="dann", storage="runs", extra_fixed={"penalty": "0.5", "epochs": "2"}))
+    assert "penalty" not in prepared.space.search and "epochs" not in prepared.space.derived
+    config = prepared.space.materialize({"unlabeled_ratio": 15, "classifier_lr": 1e-3, "discriminator_lr": 1e-3})
+    assert config["penalty"] == "0.5" and config["epochs"] == "2"
