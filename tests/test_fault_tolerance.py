@@ -40,21 +40,23 @@ def _epochs_logged(uri: str) -> list[int]:
 def test_a_killed_worker_is_retried_from_its_last_checkpoint(tmp_path, sweep_env):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = ["sweep", "erm", "--trials", "1", "--replicates", "0", "--name", "crash", "--storage", str(tmp_path / "runs"),
-            "--tracking-uri", uri, "--set", "epochs=3", "--set", "max_steps_per_epoch=60", "--set", "patience=none"]
+            "--tracking-uri", uri, "--set", "epochs=4", "--set", "max_steps_per_epoch=80", "--set", "patience=none"]
     proc = subprocess.Popen([str(BIN / "raybench"), *args], env=sweep_env, cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed = False
+    killed, seen = False, []
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None and not killed:
-        if _epochs_logged(uri) == [0]:  # epoch 0 reported with its checkpoint; epoch 1 under way
+        seen = _epochs_logged(uri)
+        # Some epoch reported with its checkpoint, the last one still to come: kill the worker mid-run.
+        if seen and seen == list(range(len(seen))) and len(seen) < 4:
             for pid in _our_train_workers(sweep_env["RAY_TMPDIR"]):
                 os.kill(pid, signal.SIGKILL)
                 killed = True
-        time.sleep(0.5)
+        time.sleep(0.2)
     output, _ = proc.communicate(timeout=600)
-    assert killed, "the worker was never seen mid-training"
+    assert killed, f"the worker was never seen mid-training (epochs seen {seen}):\n{output[-3000:]}"
     assert proc.returncode == 0, output[-4000:]
     summary = json.loads((tmp_path / "runs" / "crash" / "results" / "summary.json").read_text())
     assert [t["status"] for t in summary["trials"]] == ["ok"]
     # Resumed from the epoch-0 checkpoint: every epoch reported exactly once, none restarted from scratch.
-    assert _epochs_logged(uri) == [0, 1, 2]
+    assert _epochs_logged(uri) == [0, 1, 2, 3]
