@@ -1,6 +1,7 @@
 """Everything raybench says to MLflow goes through this module.
 
-One parent run per sweep; one nested child run per trial and per replicate, found again by a
+One parent run per sweep; one nested child run per trial and per replicate, and under a trial one
+nested run per earlier stage of a multi-stage method (reference model, group inference), each found again by a
 `raybench.key` tag so a resumed sweep reuses its runs instead of orphaning them. Metrics are sent
 with `log_batch` (one request per epoch, not one per key), which matters over HTTP.
 """
@@ -150,14 +151,32 @@ class SweepTracker:
     def start_child(self, key: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
         """The child run for `key`, reused if a resumed sweep already made it."""
         assert self.parent_id is not None
-        existing = self._find(f"tags.`{KEY_TAG}` = '{key}' and tags.`{PARENT_TAG}` = '{self.parent_id}'")
+        return self._nested(self.parent_id, key, run_name, params, tags)[0]
+
+    def log_stage(self, trial_run: str, trial_key: str, stage: Mapping[str, Any]) -> None:
+        """One stage of a multi-stage method as a run nested in its trial's run: per-epoch history if it
+        trained, its final numbers, where it came from (trained or cache key). Logged once, also on resume."""
+        name = str(stage["name"])
+        tags = {"stage": "method_stage", "raybench.method_stage": name, "cached": str(stage.get("cached", False))}
+        params = {"stage_key": stage.get("key") or "-", **dict(stage.get("facts", {}))}
+        run, created = self._nested(trial_run, f"{trial_key}/{name}", f"{name}-{trial_key}", params, tags)
+        if not created:
+            return
+        for step, metrics in enumerate(stage.get("history") or []):
+            self._log(run, metrics=numeric_metrics(metrics), step=int(metrics.get("epoch", step)))
+        self._log(run, metrics=numeric_metrics({f"final/{k}": v for k, v in stage.get("metrics", {}).items()}
+                                               | {"seconds": stage.get("seconds", 0.0)}))
+        self.client.set_terminated(run, status="FINISHED")
+
+    def _nested(self, parent: str, key: str, run_name: str, params: Mapping[str, Any],
+                tags: Mapping[str, str]) -> tuple[str, bool]:
+        existing = self._find(f"tags.`{KEY_TAG}` = '{key}' and tags.`{PARENT_TAG}` = '{parent}'")
         if existing is not None:
             self.client.update_run(existing.info.run_id, status="RUNNING")
-            return existing.info.run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name,
-                                     tags={**tags, KEY_TAG: key, PARENT_TAG: self.parent_id})
+            return existing.info.run_id, False
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={**tags, KEY_TAG: key, PARENT_TAG: parent})
         self._log(run.info.run_id, params=flatten(params))
-        return run.info.run_id
+        return run.info.run_id, True
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, Any], step: int) -> None:
         self._log(run_id, metrics=numeric_metrics(metrics), step=step)

@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny, learnable, multi-domain image dataset that builds in milliseconds."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -102,3 +103,28 @@ def sweep_env(shared_data_dir, tmp_path):
 def run_cli(args: list[str], env: dict, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "raybench"), *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def make_tiny_group_dataset(seed: int = 0) -> ShiftDataset:
+    """The tiny dataset as a group-robustness problem: train / val / test, group = class * n_domains + domain."""
+    base = make_tiny_dataset(n_train=160, n_eval=96, seed=seed)
+    n_domains = len(base.domain_names)
+
+    def grouped(name: str, split: Split) -> Split:
+        return Split(name, split.x, split.y, split.domain, split.y * n_domains + split.domain)
+
+    return dataclasses.replace(
+        base,
+        name="tiny-groups",
+        # All three from the source domains, so every (class, domain) group appears in each.
+        splits={name: grouped(name, base.splits[source]) for name, source in
+                (("train", "train"), ("val", "id_val"), ("test", "id_test"))},
+        metrics={"acc": lambda out, y, group: metrics.accuracy(out, y), "worst_group_acc": metrics.worst_group_accuracy},
+        selection_metric="val/worst_group_acc",
+        group_names=tuple(f"{c}-{d}" for c in range(N_CLASSES) for d in base.domain_names),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_group_dataset() -> ShiftDataset:
+    return make_tiny_group_dataset()

@@ -3,11 +3,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext, StepOutput
+from raybench.algorithms.base import (
+    Algorithm,
+    AlgorithmContext,
+    Hparams,
+    RoundContext,
+    SamplingPlan,
+    StageModel,
+    StepOutput,
+)
 from raybench.algorithms.registry import ALGORITHMS, register
 from raybench.models.base import FeaturizerHead
 
-from raybench.algorithms import coral, dann, erm, fixmatch, noisy_student, pseudolabel  # noqa: E402,F401
+from raybench.algorithms import (  # noqa: E402,F401
+    cb, coral, dann, dfr, dispel, eiil, erm, fixmatch, gb, groupdro, jtt, noisy_student, pseudolabel, spare, ssa,
+)
 
 
 def parse_hparams(name: str, values: dict[str, Any]) -> Hparams:
@@ -20,6 +30,6 @@ def build_algorithm(name: str, model: FeaturizerHead, hparams: dict[str, Any], c
 
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "StepOutput",
+    "ALGORITHMS", "Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "SamplingPlan", "StageModel", "StepOutput",
     "build_algorithm", "parse_hparams", "register",
 ]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from raybench.data.base import Batch, Split, Task, TaskKind, Views
+from raybench.data.base import Batch, ShiftDataset, Split, Task, TaskKind, Views
 from raybench.models.base import FeaturizerHead
 
 
@@ -82,14 +82,49 @@ class AlgorithmContext:
     views: Views
     n_domains: int
     total_steps: int
+    n_groups: int = 0
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How the trainer draws the labeled training batches of an epoch (an epoch stays |train| // B steps).
+
+    Exactly one field is set:
+    - `balance_by`: a key per example (class or group); every batch holds equal counts of each key
+      (SpuCo's CB and GB), the remainder of B going to randomly chosen keys;
+    - `weights`: importance sampling with replacement, P(i) proportional to weights[i] (Spare);
+    - `indices`: a multiset of example indices (JTT's upsampled set), drawn without replacement in a
+      fresh random order each epoch.
+    """
+
+    balance_by: Optional[Tensor] = None
+    weights: Optional[Tensor] = None
+    indices: Optional[Tensor] = None
+
+    def __post_init__(self) -> None:
+        if sum(v is not None for v in (self.balance_by, self.weights, self.indices)) != 1:
+            raise ValueError("a SamplingPlan sets exactly one of balance_by, weights, indices")
+
+
+@dataclass
+class StageModel:
+    """A model produced by an earlier stage (e.g. a reference ERM model) and what is known about it."""
+
+    model: FeaturizerHead
+    key: str
+    cached: bool
+    metrics: dict[str, float]
 
 
 @dataclass
 class RoundContext:
-    """Services the trainer offers multi-round algorithms (Noisy Student) at the start of each round.
+    """Services the trainer offers multi-round and multi-stage algorithms at the start of each round.
 
     `previous_model` is the best model of the previous round; `train_teacher` runs the trainer on a
     teacher config; `load_model` reads a raybench checkpoint; `predict` runs a model over a split.
+    `train_stage(name, overrides, dataset, identity)` trains an earlier stage (a reference model, a group
+    predictor) with the one trainer, cached on disk by the hash of its own config so trials that share it
+    train it once; `report_stage(name, metrics, facts)` records a stage that trains nothing (group inference).
     """
 
     round: int
@@ -98,6 +133,12 @@ class RoundContext:
     train_teacher: Callable[[], tuple[FeaturizerHead, str]]
     load_model: Callable[[str], FeaturizerHead]
     predict: Callable[[nn.Module, Split, Callable[[Tensor], Tensor]], Tensor]
+    train: Optional[Split] = None
+    split: Optional[Callable[[str], Split]] = None
+    seed: int = 0
+    dataset: Optional[ShiftDataset] = None
+    train_stage: Optional[Callable[..., StageModel]] = None
+    report_stage: Optional[Callable[[str, Mapping[str, float], Mapping[str, str]], None]] = None
 
 
 def masked_bce(outputs: Tensor, y: Tensor) -> Tensor:
@@ -120,6 +161,10 @@ class Algorithm(nn.Module, ABC):
     uses_unlabeled: ClassVar[bool] = False
     supported_tasks: ClassVar[frozenset[TaskKind]] = frozenset(TaskKind)
     name: ClassVar[str] = ""
+    # The stages a multi-stage method runs in order (each a nested MLflow run); the last is the trial itself.
+    stages: ClassVar[tuple[str, ...]] = ("train",)
+    # False for methods that only refit a head in closed form (DFR, Dispel): the trainer then evaluates once.
+    trains_by_gradient: ClassVar[bool] = True
 
     def __init__(self, model: FeaturizerHead, hparams: Hparams, context: AlgorithmContext) -> None:
         super().__init__()
@@ -152,6 +197,11 @@ class Algorithm(nn.Module, ABC):
     def begin_round(self, context: RoundContext) -> dict[str, str]:
         """Called before each round; returns facts worth logging (e.g. where the teacher came from)."""
         return {}
+
+    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+        """How to draw labeled batches; None is a uniform shuffle. Called at every epoch, also after a resume,
+        so whatever it depends on must be in the state dict (buffers or extra state)."""
+        return None
 
     @torch.no_grad()
     def predict(self, x: Tensor) -> Tensor:

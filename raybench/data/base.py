@@ -35,8 +35,9 @@ class Task:
     n_outputs: int
 
 
-# A metric turns model outputs, targets and group ids of a whole split into one number.
-MetricFn = Callable[[Tensor, Tensor, Tensor], float]
+# A metric turns model outputs, targets and group ids of a whole split into one number, or into a
+# family of named numbers (e.g. accuracy per group), logged as `<split>/<metric>/<name>`.
+MetricFn = Callable[[Tensor, Tensor, Tensor], "float | Mapping[str, float]"]
 # A view turns a uint8 image batch into the float tensor the model sees (with or without noise).
 ViewFn = Callable[[Tensor], Tensor]
 
@@ -141,6 +142,9 @@ class ShiftDataset:
     input_shape: tuple[int, ...]
     description: str = ""
     info: dict[str, str] = field(default_factory=dict)
+    # Names of the group ids (empty: groups are the domains). Group-robustness datasets (SpuCo) use
+    # group = class * n_domains + domain, the domain being the spurious attribute.
+    group_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         known = set(LABELED_SPLITS) | set(UNLABELED_SPLITS)
@@ -155,6 +159,10 @@ class ShiftDataset:
     def n_domains(self) -> int:
         return len(self.domain_names)
 
+    @property
+    def n_groups(self) -> int:
+        return len(self.group_names) or self.n_domains
+
     def split(self, name: str) -> Split:
         if name not in self.splits:
             raise KeyError(f"dataset {self.name!r} has no split {name!r}; it has: {', '.join(self.splits)}")
@@ -167,4 +175,11 @@ class ShiftDataset:
     def evaluate(self, split_name: str, outputs: Tensor, split: Split) -> dict[str, float]:
         """Every declared metric on one split, named uniformly as `<split>/<metric>`."""
         assert split.y is not None
-        return {f"{split_name}/{name}": float(fn(outputs, split.y, split.group)) for name, fn in self.metrics.items()}
+        scores: dict[str, float] = {}
+        for name, fn in self.metrics.items():
+            value = fn(outputs, split.y, split.group)
+            if isinstance(value, Mapping):
+                scores.update({f"{split_name}/{name}/{key}": float(v) for key, v in value.items()})
+            else:
+                scores[f"{split_name}/{name}"] = float(value)
+        return scores

@@ -11,6 +11,7 @@ Two executors run the very same raybench `Trainer`:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -33,10 +34,11 @@ from ray.tune.integration.ray_train import TuneReportCallback  # noqa: E402
 from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 from raybench.sweep.space import Param, ResolvedSpace, run_key  # noqa: E402
-from raybench.trainer import Callback, DivergenceError, EpochReport, TrainConfig, Trainer  # noqa: E402
+from raybench.trainer import Callback, DivergenceError, EpochReport, StageReport, TrainConfig, Trainer  # noqa: E402
 
 DRIVER_RESOURCE = "trial_driver"
 FAILURE_KEY = "failure_reason"
+STAGES_KEY = "stages"  # JSON list of the multi-stage method's earlier stages, carried by every report
 SEARCH_METRIC = "selection/best"
 EXECUTORS = ("train", "function")
 
@@ -89,8 +91,11 @@ def shutdown() -> None:
 
 
 # ----- reporting from inside a trial ---------------------------------------------------------------------
-def _flat_report(report: EpochReport, facts: dict[str, str], started: float) -> dict[str, Any]:
+def _flat_report(report: EpochReport, facts: dict[str, str], started: float,
+                 stages: list[dict[str, Any]]) -> dict[str, Any]:
     metrics: dict[str, Any] = dict(report.metrics)
+    if stages:
+        metrics[STAGES_KEY] = json.dumps(stages, default=str)
     metrics["time/trial_s"] = time.perf_counter() - started  # time inside the trainer: the useful work
     metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith("train/")})
     metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
@@ -103,11 +108,15 @@ class TrainReporter(Callback):
 
     def __init__(self) -> None:
         self.facts: dict[str, str] = {}
+        self.stages: list[dict[str, Any]] = []
         self.rank = ray.train.get_context().get_world_rank()
         self.started = time.perf_counter()
 
     def on_info(self, facts: dict[str, str]) -> None:
         self.facts.update(facts)
+
+    def on_stage(self, report: StageReport) -> None:
+        self.stages.append(dataclasses.asdict(report))
 
     def on_epoch_end(self, report: EpochReport) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -115,7 +124,7 @@ class TrainReporter(Callback):
             if self.rank == 0:
                 report.write_checkpoint(Path(tmp))
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(_flat_report(report, self.facts, self.started), checkpoint=checkpoint)
+            ray.train.report(_flat_report(report, self.facts, self.started, self.stages), checkpoint=checkpoint)
 
 
 class TuneReporter(TrainReporter):
@@ -123,11 +132,12 @@ class TuneReporter(TrainReporter):
 
     def __init__(self) -> None:
         self.facts = {}
+        self.stages = []
         self.last: dict[str, Any] = {}
         self.started = time.perf_counter()
 
     def on_epoch_end(self, report: EpochReport) -> None:
-        self.last = _flat_report(report, self.facts, self.started)
+        self.last = _flat_report(report, self.facts, self.started, self.stages)
         with tempfile.TemporaryDirectory() as tmp:
             report.write_checkpoint(Path(tmp))
             tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp))
@@ -342,11 +352,12 @@ class TrackingCallback(tune.Callback):
         self._tracker, self.space, self.stage, self.tags = tracker, space, stage, tags
         self.uri, self.parent_id = tracker.uri, tracker.parent_id
         self.runs: dict[str, str] = {}
+        self.stages_logged: set[tuple[str, str]] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles callbacks into its experiment state and hands the copy back on restore: keep the
         tracking URI and parent run id, and reconnect lazily."""
-        return {**self.__dict__, "_tracker": None, "runs": {}}
+        return {**self.__dict__, "_tracker": None, "runs": {}, "stages_logged": set()}
 
     @property
     def tracker(self) -> Any:
@@ -376,6 +387,14 @@ class TrackingCallback(tune.Callback):
         run = self._run(trial)
         if FAILURE_KEY not in result and not result.get("replayed"):
             self.tracker.log_metrics(run, result, step=int(result.get("epoch", iteration)))
+        self._log_stages(trial, run, result)
+
+    def _log_stages(self, trial: Any, run: str, result: dict) -> None:
+        """Each earlier stage of a multi-stage method becomes a run nested in the trial's run, once."""
+        for stage in json.loads(result.get(STAGES_KEY) or "[]"):
+            if (trial.trial_id, stage["name"]) not in self.stages_logged:
+                self.tracker.log_stage(run, self._key(trial.config)[0], stage)
+                self.stages_logged.add((trial.trial_id, stage["name"]))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run = self._run(trial)

@@ -83,12 +83,15 @@ def prepare(options: SweepOptions) -> Prepared:
     for name in overrides:  # a value set on the command line wins over the space's search and derivation
         resolved.search.pop(name, None)
         resolved.derived.pop(name, None)
-    resolved.fixed.update({"selection_metric": metric, "seed": options.seed, **overrides})
+    storage = Path(options.storage).resolve()
+    # Reference models of multi-stage methods, shared by every trial and sweep under this storage.
+    resolved.fixed.update({"selection_metric": metric, "seed": options.seed, "stage_cache": str(storage / "stage_cache"),
+                           **overrides})
     from raybench.trainer import TrainConfig
 
     TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full dry run of a config
     uri = options.tracking_uri or default_tracking_uri()
-    name, storage = options.sweep_name(space.algorithm), Path(options.storage).resolve()
+    name = options.sweep_name(space.algorithm)
     if not options.resume and any((storage / f"{name}-{stage}").exists() for stage in ("search", "replicate")):
         raise SweepExists(f"--name: a sweep named {name!r} already exists under {storage}; "
                           f"pass --resume to continue it, or another --name")

@@ -115,9 +115,14 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+# Not part of a trial's identity: the seed (replicates share the trial id) and where stages are cached.
+NOT_IDENTITY = ("seed", "stage_cache")
+
+
 def trial_id(config: Mapping[str, Any]) -> str:
     """Content-derived identity: a hash of dataset, algorithm and config (DomainBed's idea)."""
-    canonical = json.dumps({k: _plain(v) for k, v in sorted(config.items()) if k != "seed"}, sort_keys=True, default=str)
+    canonical = json.dumps({k: _plain(v) for k, v in sorted(config.items()) if k not in NOT_IDENTITY},
+                           sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 

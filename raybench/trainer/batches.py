@@ -26,3 +26,37 @@ def cycle_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterat
 def steps_per_epoch(n: int, batch_size: int, cap: int | None) -> int:
     steps = max(n // batch_size, 1)
     return min(steps, cap) if cap else steps
+
+
+def balanced_batches(keys: Tensor, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """Batches with equal counts of every key (class or group); B mod K extra slots go to random keys.
+
+    Each key's examples are drawn without replacement in a fresh random order, restarting when used
+    up, so a small group is cycled through completely before any of its examples repeats.
+    """
+    members = [torch.nonzero(keys == k).flatten() for k in torch.unique(keys)]
+    streams = [_endless(m, generator) for m in members]
+    share, extra = divmod(batch_size, len(members))
+    for _ in range(steps):
+        counts = [share] * len(members)
+        for k in torch.randperm(len(members), generator=generator)[:extra].tolist():
+            counts[k] += 1
+        yield torch.cat([torch.stack([next(streams[k]) for _ in range(c)]) for k, c in enumerate(counts) if c])
+
+
+def _endless(members: Tensor, generator: torch.Generator) -> Iterator[Tensor]:
+    while True:
+        yield from members[torch.randperm(len(members), generator=generator)]
+
+
+def weighted_batches(weights: Tensor, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """Importance sampling with replacement: example i is drawn with probability weights[i] / sum(weights)."""
+    draws = torch.multinomial(weights.double(), steps * batch_size, replacement=True, generator=generator)
+    yield from draws.view(steps, batch_size)
+
+
+def multiset_batches(indices: Tensor, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """An upsampled multiset of indices in a fresh random order, cycled if the epoch asks for more."""
+    stream = _endless(indices, generator)
+    for _ in range(steps):
+        yield torch.stack([next(stream) for _ in range(batch_size)])

@@ -1,7 +1,7 @@
 """How the trainer talks to the outside (console, Ray, MLflow) without importing any of them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +22,23 @@ class EpochReport:
     write_checkpoint: Callable[[Path], None]
 
 
+@dataclass
+class StageReport:
+    """One finished stage of a multi-stage method (reference model, group inference, last-layer refit).
+
+    `key` is the stage's identity in the stage cache ("" for stages that train nothing), `cached` whether
+    it was loaded rather than trained, `history` its per-epoch metrics when it trained.
+    """
+
+    name: str
+    key: str
+    cached: bool
+    metrics: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+    facts: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
 class Callback:
     """Override what you need; the trainer calls these in order for every callback it was given."""
 
@@ -30,3 +47,6 @@ class Callback:
 
     def on_epoch_end(self, report: EpochReport) -> None:
         """After evaluation of each epoch."""
+
+    def on_stage(self, report: StageReport) -> None:
+        """After each earlier stage of a multi-stage method, before the trial's own training."""

@@ -48,6 +48,7 @@ class TrainConfig:
     selection_metric: Optional[str] = None
     data_dir: Optional[str] = None
     data_seed: int = 0
+    stage_cache: Optional[str] = None
     device: str = "auto"
     eval_batch_size: int = 512
     hparams: dict[str, Any] = field(default_factory=dict)

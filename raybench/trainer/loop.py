@@ -9,14 +9,14 @@ plugs in through `Callback`.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import random
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -24,13 +24,18 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from raybench.algorithms import ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, build_algorithm
-from raybench.data import ShiftDataset, Split, load_dataset
+from raybench.algorithms import (
+    ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, SamplingPlan, StageModel, build_algorithm,
+)
+from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
 from raybench.models import FeaturizerHead, ModelSpec, build_model
-from raybench.trainer.batches import cycle_batches, epoch_batches, steps_per_epoch
-from raybench.trainer.callbacks import Callback, EpochReport
+from raybench.trainer.batches import (
+    balanced_batches, cycle_batches, epoch_batches, multiset_batches, steps_per_epoch, weighted_batches,
+)
+from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 from raybench.trainer.config import TrainConfig
 from raybench.trainer.optim import Schedule, build_optimizer, build_schedule
+from raybench.trainer.stages import StageCache, stage_key
 
 STATE_FILE = "state.pt"
 BEST_MODEL_FILE = "best_model.pt"
@@ -48,6 +53,7 @@ class FitResult:
     history: list[dict[str, float]]
     info: dict[str, str]
     best_model: FeaturizerHead
+    final_state: dict[str, Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,11 +132,12 @@ class Trainer:
         config: TrainConfig,
         callbacks: Sequence[Callback] = (),
         dataset: Optional[ShiftDataset] = None,
+        shard: Optional[Shard] = None,
     ) -> None:
         self.dataset = dataset or load_dataset(config.dataset, config.data_dir, config.data_seed)
         self.config = config.resolve(self.dataset)
         self.callbacks = list(callbacks)
-        self.shard = Shard.current()
+        self.shard = shard or Shard.current()
         self.device = choose_device(self.config.device)
         if self.device.type == "cuda" and self.shard.world_size > 1:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -144,6 +151,7 @@ class Trainer:
         self.progress = _Progress()
         self.best_state: Optional[dict[str, Tensor]] = None
         self.round_best_state: Optional[dict[str, Tensor]] = None
+        self.final_state: dict[str, Tensor] = {}
 
     # ----- building -------------------------------------------------------------------------
     def new_model(self) -> FeaturizerHead:
@@ -157,6 +165,7 @@ class Trainer:
             views=self.dataset.views,
             n_domains=self.dataset.n_domains,
             total_steps=self.steps_per_epoch * self.config.epochs,
+            n_groups=self.dataset.n_groups,
         )
         return build_algorithm(self.config.algorithm, self.new_model(), self.config.hparams, context).to(self.device)
 
@@ -202,6 +211,57 @@ class Trainer:
         source = f"trained ERM+augmentation teacher ({teacher_config.epochs} epochs, best {self.config.selection_metric}={value:.4f})"
         return result.best_model.to(self.device), source
 
+    def train_stage(self, name: str, overrides: Mapping[str, Any], dataset: Optional[ShiftDataset] = None,
+                    identity: Optional[Mapping[str, Any]] = None, use_final: bool = True) -> StageModel:
+        """Train an earlier stage with this same trainer, or load it if any run trained it before.
+
+        The stage starts from the dataset's defaults, not from this run's sampled values, so trials that
+        differ only in their own hyperparameters share it; `overrides` set what the method decides (e.g.
+        JTT's T_r). It trains in this process alone (no DDP): under data parallelism the first rank trains
+        it while the others wait on the cache lock, then load it. `use_final` hands on the weights after
+        the last epoch (what JTT, Spare and DFR use) instead of the best epoch's.
+        """
+        cfg = self.config
+        base = TrainConfig(
+            dataset=cfg.dataset, model=cfg.model, model_weights=cfg.model_weights, seed=cfg.seed,
+            max_steps_per_epoch=cfg.max_steps_per_epoch, data_dir=cfg.data_dir, data_seed=cfg.data_seed,
+            device=cfg.device, eval_batch_size=cfg.eval_batch_size, stage_cache=cfg.stage_cache,
+        )
+        stage_config = TrainConfig.from_flat({**base.to_flat(), **overrides})
+        trainer = Trainer(stage_config, dataset=dataset or self.dataset, shard=Shard())
+        key = stage_key(trainer.config.to_flat(), {"stage": name, "dataset": trainer.dataset.name, **(identity or {})})
+
+        def make() -> tuple[dict[str, Tensor], dict[str, Any]]:
+            started = time.perf_counter()
+            result = trainer.fit()
+            weights = result.final_state if use_final else _cpu_state(result.best_model)
+            return weights, {
+                "stage": name, "config": trainer.config.to_flat(), "best_epoch": result.best_epoch,
+                "best_metrics": result.best_metrics, "final_metrics": result.final_metrics,
+                "history": result.history, "seconds": time.perf_counter() - started,
+            }
+
+        entry = self._stage_cache().get_or_make(key, make)
+        metrics = entry.summary["final_metrics"] if use_final else entry.summary["best_metrics"]
+        self._stage(StageReport(name=name, key=key, cached=entry.cached, metrics=metrics,
+                                history=entry.summary["history"], facts={"config": str(entry.summary["config"])},
+                                seconds=entry.summary["seconds"]))
+        model = load_state_dict_into(trainer.new_model(), entry.state).to(self.device)
+        return StageModel(model=model, key=key, cached=entry.cached, metrics=metrics)
+
+    def _stage_cache(self) -> StageCache:
+        """`stage_cache` if set (a sweep puts it in its storage), else `<data dir>/stages`."""
+        default = Path(self.config.data_dir) if self.config.data_dir else default_data_dir()
+        return StageCache(Path(self.config.stage_cache) if self.config.stage_cache else default / "stages")
+
+    def report_stage(self, name: str, metrics: Mapping[str, float], facts: Mapping[str, str]) -> None:
+        """A stage that trains nothing (group inference, last-layer refit): its numbers and facts."""
+        self._stage(StageReport(name=name, key="", cached=False, metrics=dict(metrics), history=[], facts=dict(facts)))
+
+    def _stage(self, report: StageReport) -> None:
+        for callback in self.callbacks:
+            callback.on_stage(report)
+
     def _round_context(self, round_index: int) -> RoundContext:
         previous = None
         if round_index > 0 and self.round_best_state is not None:
@@ -213,6 +273,12 @@ class Trainer:
             train_teacher=self.train_teacher,
             load_model=self.load_model,
             predict=self.predict,
+            train=self.train_split,
+            split=self.dataset.split,
+            seed=self.config.seed,
+            dataset=self.dataset,
+            train_stage=self.train_stage,
+            report_stage=self.report_stage,
         )
 
     # ----- the loop ---------------------------------------------------------------------------
@@ -235,6 +301,7 @@ class Trainer:
             self.progress.round += 1
             self.progress.epoch = self.progress.round * self.config.epochs
             self.progress.round_best_value = float("-inf")
+        self.final_state = _cpu_state(algorithm.model)
         return self._result()
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -246,11 +313,15 @@ class Trainer:
     def _train_round(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer, schedule: Schedule,
                      generators: dict[str, torch.Generator]) -> None:
         round_end = (self.progress.round + 1) * self.config.epochs
+        if not algorithm.trains_by_gradient:  # a closed-form refit (DFR): evaluate once, nothing to train
+            round_end = min(round_end, self.progress.epoch + 1)
         forward = self._parallel(algorithm)
         while self.progress.epoch < round_end:
-            unlabeled = self._unlabeled_stream(generators["unlabeled"])
-            train_logs = self._train_epoch(algorithm, forward, optimizer, schedule, generators["labeled"], unlabeled)
-            schedule.step_epoch()
+            train_logs: dict[str, float] = {}
+            if algorithm.trains_by_gradient:
+                unlabeled = self._unlabeled_stream(generators["unlabeled"])
+                train_logs = self._train_epoch(algorithm, forward, optimizer, schedule, generators["labeled"], unlabeled)
+                schedule.step_epoch()
             metrics = {**train_logs, **self._evaluate(algorithm), "lr": optimizer.param_groups[0]["lr"]}
             is_best = self._record(algorithm, metrics)
             self.progress.epoch += 1
@@ -283,7 +354,7 @@ class Trainer:
         accum = self.config.grad_accum
         round_epoch = self.progress.epoch - self.progress.round * self.config.epochs
         sums: dict[str, Tensor] = {}
-        batches = epoch_batches(len(self.train_split), self.labeled_bs, generator)
+        batches = self._labeled_batches(algorithm.sampling(self.train_split), generator)
         optimizer.zero_grad(set_to_none=True)
         for i in range(self.steps_per_epoch):
             step = round_epoch * self.steps_per_epoch + i
@@ -304,6 +375,18 @@ class Trainer:
             for key, value in {"loss/total": out.loss.detach(), **out.logs}.items():
                 sums[key] = sums[key] + value.float() if key in sums else value.float()
         return {f"train/{k}": float(v) / self.steps_per_epoch for k, v in sums.items()}
+
+    def _labeled_batches(self, plan: Optional[SamplingPlan], generator: torch.Generator) -> Iterator[Tensor]:
+        """The epoch's global labeled batches: a uniform shuffle, or the algorithm's sampling plan."""
+        steps, size = self.steps_per_epoch, self.labeled_bs
+        if plan is None:
+            return epoch_batches(len(self.train_split), size, generator)
+        if plan.balance_by is not None:
+            return balanced_batches(plan.balance_by, size, steps, generator)
+        if plan.weights is not None:
+            return weighted_batches(plan.weights, size, steps, generator)
+        assert plan.indices is not None
+        return multiset_batches(plan.indices, size, steps, generator)
 
     def _optimizer_step(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer) -> None:
         if self.config.grad_clip:
@@ -354,7 +437,7 @@ class Trainer:
             load_state_dict_into(best_model, self.best_state)
         return FitResult(
             best_epoch=p.best_epoch, best_metrics=p.best_metrics, final_metrics=p.history[-1] if p.history else {},
-            history=p.history, info=p.info, best_model=best_model,
+            history=p.history, info=p.info, best_model=best_model, final_state=self.final_state,
         )
 
     # ----- checkpoints ------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""Group DRO: minimise the worst group's loss through online, exponentiated group weights."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, SamplingPlan, StepOutput
+from raybench.algorithms.registry import register
+from raybench.data.base import Batch, Split, TaskKind
+from raybench.models.base import FeaturizerHead
+
+
+@dataclass
+class GroupDROHparams(Hparams):
+    eta: float = 0.01  # step size of the group weights
+    balanced: bool = True  # group-balanced batches, as SpuCo samples them
+
+
+def group_losses(losses: Tensor, groups: Tensor, n_groups: int) -> tuple[Tensor, Tensor]:
+    """Mean loss of every group in the batch (0 where absent) and which groups are present."""
+    sums = torch.zeros(n_groups, device=losses.device, dtype=losses.dtype).index_add(0, groups, losses)
+    counts = torch.bincount(groups, minlength=n_groups).to(losses.dtype)
+    return sums / counts.clamp(min=1), counts > 0
+
+
+def group_dro_loss(losses: Tensor, groups: Tensor, weights: Tensor, eta: float) -> Tensor:
+    """Sagawa et al. (2020), Alg. 1: q_g <- q_g exp(eta * loss_g) for the groups in the batch, renormalise
+    (updating `weights` in place), then return sum_g q_g loss_g with the new weights."""
+    per_group, present = group_losses(losses, groups, weights.numel())
+    with torch.no_grad():
+        updated = weights * torch.exp(eta * per_group.detach().float() * present)
+        weights.copy_(updated / updated.sum())
+    return (weights.to(per_group.dtype) * per_group).sum()
+
+
+@register("groupdro")
+class GroupDRO(Algorithm):
+    """GroupDRO (Sagawa et al., 2020; SpuCo Sec. 3.1.1): min_theta max_q sum_g q_g E_(x,y)~g [CE(h(x), y)].
+
+    Gradient descent on theta is interleaved with exponentiated-gradient ascent on q (step size eta)
+    over online group losses; batches are group-balanced when `balanced`. Group ids come from the
+    training labels here; EIIL and SSA subclass this and supply inferred groups instead.
+    """
+
+    Hparams = GroupDROHparams
+    supported_tasks = frozenset({TaskKind.CLASSIFICATION})
+
+    def __init__(self, model: FeaturizerHead, hparams: GroupDROHparams, context: AlgorithmContext) -> None:
+        super().__init__(model, hparams, context)
+        n = self.group_count(context)
+        self.register_buffer("group_weights", torch.full((n,), 1.0 / n))
+
+    def group_count(self, context: AlgorithmContext) -> int:
+        return context.n_groups
+
+    def train_groups(self, train: Split) -> Tensor:
+        """The group id of every training example (true labels here; inferred in subclasses)."""
+        return train.group
+
+    def batch_groups(self, batch: Batch) -> Tensor:
+        return batch.group
+
+    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+        return SamplingPlan(balance_by=self.train_groups(train)) if self.hparams.balanced else None
+
+    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+        outputs = self.model(self.view(labeled.x, False))
+        losses = F.cross_entropy(outputs, labeled.y, reduction="none")
+        loss = group_dro_loss(losses, self.batch_groups(labeled).to(losses.device), self.group_weights, self.hparams.eta)
+        return StepOutput(loss, {"loss/supervised": losses.mean().detach(), "dro/max_weight": self.group_weights.max().detach()})

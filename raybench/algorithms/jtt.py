@@ -1,0 +1,65 @@
+"""Just Train Twice: upsample what a briefly trained ERM model gets wrong, then train ERM again."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from raybench.algorithms.base import RoundContext, SamplingPlan
+from raybench.algorithms.erm import ERM
+from raybench.algorithms.groups import ReferenceHparams, inference_quality, train_reference
+from raybench.algorithms.registry import register
+from raybench.data.base import Split, TaskKind
+
+
+@dataclass
+class JTTHparams(ReferenceHparams):
+    upsample: int = 100  # S_r: how many times each error-set example appears
+    augment: bool = False
+
+
+def upsampled_indices(errors: Tensor, factor: int) -> Tensor:
+    """Every example once, and each error-set example `factor` times in all."""
+    everyone = torch.arange(len(errors))
+    extra = torch.nonzero(errors).flatten().repeat(max(factor - 1, 0))
+    return torch.cat([everyone, extra])
+
+
+@register("jtt")
+class JTT(ERM):
+    """JTT (Liu et al., 2021; SpuCo Sec. 3.1.2). Stages:
+      1. reference: ERM for T_r epochs (`reference_epochs`);
+      2. infer_groups: the error set E = {i : argmax f_ref(x_i) != y_i} on the training split;
+      3. train: ERM on the training set with E upsampled S_r times (`upsample`),
+         loss = E_(x,y)~upsampled [ CE(h(x), y) ].
+    An epoch keeps |train| / B steps, so compute does not grow with S_r.
+    """
+
+    Hparams = JTTHparams
+    supported_tasks = frozenset({TaskKind.CLASSIFICATION})
+    stages = ("reference", "infer_groups", "train")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.errors = torch.empty(0, dtype=torch.bool)
+
+    def get_extra_state(self) -> dict[str, Tensor]:
+        return {"errors": self.errors}
+
+    def set_extra_state(self, state: dict[str, Tensor]) -> None:
+        self.errors = state["errors"]
+
+    def begin_round(self, context: RoundContext) -> dict[str, str]:
+        assert context.train is not None and context.train.y is not None and context.report_stage is not None
+        reference = train_reference(context, self.hparams)
+        outputs = context.predict(reference.model, context.train, self.context.views.plain)
+        self.errors = outputs.argmax(dim=-1) != context.train.y
+        quality = inference_quality(self.errors, context.train.y, context.train.group)
+        context.report_stage("infer_groups", {"error_set_size": float(self.errors.sum()), **quality},
+                             {"reference": reference.key})
+        return {"reference_model": reference.key, "error_set_size": str(int(self.errors.sum()))}
+
+    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+        return SamplingPlan(indices=upsampled_indices(self.errors, self.hparams.upsample))

@@ -1,0 +1,254 @@
+"""The SpuCo methods: samplers, losses and group inference against hand-computed values and properties."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.multiclass import OneVsRestClassifier
+from sklearn.preprocessing import StandardScaler
+
+from raybench.algorithms import ALGORITHMS
+from raybench.algorithms.dfr import DFR, balanced_subsample, fit_l1_logistic
+from raybench.algorithms.dispel import mix_embeddings
+from raybench.algorithms.eiil import infer_environments, scale_gradients
+from raybench.algorithms.groupdro import group_dro_loss
+from raybench.algorithms.groups import minority_mask, parse_grid
+from raybench.algorithms.jtt import upsampled_indices
+from raybench.algorithms.spare import cluster_weights
+from raybench.algorithms.ssa import split_halves
+from raybench.data import Split
+from raybench.models import ModelSpec, build_model
+from raybench.trainer import Callback, StageReport, TrainConfig, Trainer
+from raybench.trainer.batches import balanced_batches, multiset_batches, weighted_batches
+
+GROUP_METHODS = ["cb", "gb", "groupdro", "jtt", "eiil", "spare", "ssa", "dfr", "dispel"]
+
+
+# ----- samplers ------------------------------------------------------------------------------------------
+def test_group_balanced_batches_hold_every_group_equally():
+    groups = torch.tensor([0] * 90 + [1] * 7 + [2] * 3)  # very unbalanced, as SpuCo's training groups are
+    for batch in balanced_batches(groups, 12, steps=20, generator=torch.Generator().manual_seed(0)):
+        assert len(batch) == 12
+        assert torch.bincount(groups[batch], minlength=3).tolist() == [4, 4, 4]
+
+
+def test_balanced_batches_spread_the_remainder_and_cycle_small_groups_completely():
+    groups = torch.tensor([0] * 50 + [1] * 3)
+    batches = list(balanced_batches(groups, 5, steps=6, generator=torch.Generator().manual_seed(1)))
+    counts = [torch.bincount(groups[b], minlength=2).tolist() for b in batches]
+    assert all(sorted(c) == [2, 3] for c in counts)
+    drawn_from_small = torch.cat(batches)[groups[torch.cat(batches)] == 1]
+    first_pass = drawn_from_small[:3].sort().values.tolist()
+    assert first_pass == [50, 51, 52]  # every member once before any repeats
+
+
+def test_weighted_batches_follow_the_weights():
+    weights = torch.tensor([1.0, 3.0])
+    draws = torch.cat(list(weighted_batches(weights, 100, steps=40, generator=torch.Generator().manual_seed(0))))
+    assert abs(float((draws == 1).float().mean()) - 0.75) < 0.02
+
+
+def test_multiset_batches_draw_the_multiset_without_replacement():
+    multiset = torch.tensor([0, 1, 2, 2, 2])
+    draws = torch.cat(list(multiset_batches(multiset, 5, steps=1, generator=torch.Generator().manual_seed(0))))
+    assert sorted(draws.tolist()) == [0, 1, 2, 2, 2]
+
+
+# ----- GroupDRO ------------------------------------------------------------------------------------------
+def test_groupdro_weights_move_toward_the_high_loss_group():
+    losses = torch.tensor([0.1, 0.1, 2.0, 2.0])
+    groups = torch.tensor([0, 0, 1, 1])
+    weights = torch.tensor([0.5, 0.5])
+    loss = group_dro_loss(losses, groups, weights, eta=0.1)
+    # q_g ∝ 0.5 exp(0.1 * loss_g): q_1 = e^0.2 / (e^0.01 + e^0.2)
+    q1 = np.exp(0.2) / (np.exp(0.01) + np.exp(0.2))
+    assert weights[1].item() == pytest.approx(q1)
+    assert weights[1] > 0.5 > weights[0]
+    assert loss.item() == pytest.approx((1 - q1) * 0.1 + q1 * 2.0)
+    for _ in range(200):
+        group_dro_loss(losses, groups, weights, eta=0.1)
+    assert weights[1] > 0.99  # keeps climbing toward the worst group
+
+
+def test_groupdro_leaves_absent_groups_weights_unchanged_relative_to_each_other():
+    weights = torch.tensor([0.25, 0.25, 0.5])
+    group_dro_loss(torch.tensor([1.0]), torch.tensor([0]), weights, eta=1.0)
+    assert weights[2] / weights[1] == pytest.approx(2.0)
+    assert weights[0] / weights[1] == pytest.approx(np.e)
+
+
+# ----- JTT, Spare, EIIL, SSA --------------------------------------------------------------------------------
+def test_jtt_upsampling_counts():
+    errors = torch.tensor([False, True, False, True, False])
+    indices = upsampled_indices(errors, factor=4)
+    counts = torch.bincount(indices, minlength=5).tolist()
+    assert counts == [1, 4, 1, 4, 1]
+    assert len(indices) == 5 + 2 * 3
+    assert torch.bincount(upsampled_indices(errors, factor=1), minlength=5).tolist() == [1] * 5
+
+
+def test_spare_weights_give_every_cluster_the_same_mass_at_power_one():
+    clusters = torch.tensor([0] * 8 + [1] * 2 + [2] * 5)
+    weights = cluster_weights(clusters, power=1.0)
+    mass = torch.zeros(3, dtype=weights.dtype).index_add(0, clusters, weights)
+    assert torch.allclose(mass, mass[0].expand(3))
+    heavier = cluster_weights(clusters, power=2.0)
+    assert heavier[8] / heavier[0] == pytest.approx(16.0)  # (8 / 2)^2: small clusters weigh more
+
+
+def test_eiil_scale_gradient_matches_autograd():
+    logits = torch.randn(6, 3, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    scale = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    losses = torch.nn.functional.cross_entropy(logits * scale, y, reduction="none")
+    expected = torch.stack([torch.autograd.grad(l, scale, retain_graph=True)[0] for l in losses])
+    assert torch.allclose(scale_gradients(logits, y), expected)
+
+
+def test_eiil_separates_examples_the_reference_gets_right_from_those_it_gets_wrong():
+    y = torch.zeros(40, dtype=torch.long)
+    logits = torch.zeros(40, 2)
+    logits[:30, 0] = 4.0  # confidently right: the majority
+    logits[30:, 1] = 4.0  # confidently wrong: the minority
+    environments = infer_environments(logits, y, steps=2000, lr=0.01, generator=torch.Generator().manual_seed(0))
+    assert len(set(environments[:30].tolist())) == 1 and len(set(environments[30:].tolist())) == 1
+    assert environments[0] != environments[-1]
+
+
+def test_ssa_halves_are_disjoint_stratified_and_cover_the_split():
+    group = torch.tensor([0] * 10 + [1] * 4 + [2] * 1)
+    split = Split("val", torch.zeros(15, 1), torch.zeros(15, dtype=torch.long), group, group)
+    first, second = split_halves(split, 0.5, seed=0)
+    assert sorted(torch.cat([first, second]).tolist()) == list(range(15))
+    assert torch.bincount(group[first], minlength=3).tolist() == [5, 2, 1]
+
+
+def test_minority_mask_marks_all_but_each_class_largest_group():
+    y = torch.tensor([0, 0, 0, 1, 1, 1])
+    group = torch.tensor([0, 0, 1, 2, 3, 3])
+    assert minority_mask(y, group).tolist() == [False, False, True, True, False, False]
+
+
+# ----- DFR and Dispel ------------------------------------------------------------------------------------
+def test_dfr_last_layer_equals_sklearn_logistic_regression_on_the_same_embeddings():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(120, 16))
+    y = rng.integers(0, 3, 120)
+    z[:, 0] += 2 * y
+    head = fit_l1_logistic(z, y, c=0.3, n_classes=3, seed=0)
+    scaler = StandardScaler().fit(z)
+    reference = OneVsRestClassifier(LogisticRegression(C=0.3, l1_ratio=1.0, solver="liblinear", random_state=0))
+    reference.fit(scaler.transform(z), y)
+    expected = reference.decision_function(scaler.transform(z))
+    model = build_model("lenet", ModelSpec((3, 16, 16), 3, None))
+    model.head = torch.nn.Linear(16, 3)
+    DFR.set_head(type("Holder", (), {"model": model})(), head)
+    with torch.no_grad():
+        logits = model.head(torch.from_numpy(z).float()).double().numpy()
+    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
+    assert (logits.argmax(1) == reference.predict(scaler.transform(z))).all()
+
+
+def test_dfr_binary_head_scores_the_second_class():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(60, 4))
+    y = (z[:, 0] > 0).astype(int)
+    head = fit_l1_logistic(z, y, c=1.0, n_classes=2, seed=0)
+    assert (head.logits(z).argmax(1) == y).mean() > 0.9
+    assert np.all(head.weight[0] == 0)
+
+
+def test_balanced_subsample_takes_the_smallest_group_size_from_each():
+    group = np.array([0] * 10 + [1] * 3 + [2] * 5)
+    index = balanced_subsample(group, np.random.default_rng(0))
+    assert np.bincount(group[index]).tolist() == [3, 3, 3]
+    assert len(set(index.tolist())) == 9
+
+
+def test_dispel_mixes_each_embedding_with_one_of_its_own_class():
+    z_pool = np.zeros((4, 2))
+    y_pool = np.array([0, 0, 1, 1])
+    z_bal = np.array([[10.0, 0.0], [0.0, 10.0]])
+    y_bal = np.array([0, 1])
+    mixed = mix_embeddings(z_pool, y_pool, z_bal, y_bal, s=0.8, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(mixed, [[8, 0], [8, 0], [0, 8], [0, 8]])
+
+
+def test_grid_hyperparameters_are_parsed_with_a_clear_error():
+    assert parse_grid("1.0, 0.1", "c_grid") == [1.0, 0.1]
+    with pytest.raises(ValueError, match="c_grid: expected comma-separated numbers"):
+        parse_grid("1.0,x", "c_grid")
+
+
+# ----- through the one trainer ---------------------------------------------------------------------------
+class StageRecorder(Callback):
+    def __init__(self) -> None:
+        self.stages: list[StageReport] = []
+
+    def on_stage(self, report: StageReport) -> None:
+        self.stages.append(report)
+
+
+def _fit(dataset, algorithm: str, cache, **extra):
+    recorder = StageRecorder()
+    config = TrainConfig.from_flat({"dataset": dataset.name, "algorithm": algorithm, "epochs": 2, "device": "cpu",
+                                    "stage_cache": str(cache), **extra})
+    result = Trainer(config, callbacks=[recorder], dataset=dataset).fit()
+    return result, recorder.stages
+
+
+@pytest.mark.parametrize("algorithm", GROUP_METHODS)
+def test_every_group_method_trains_and_reports_its_stages(algorithm, tiny_group_dataset, tmp_path):
+    extra = {"ei_steps": 50} if algorithm == "eiil" else {}
+    result, stages = _fit(tiny_group_dataset, algorithm, tmp_path, **extra)
+    assert "val/worst_group_acc" in result.best_metrics
+    declared = ALGORITHMS.get(algorithm).stages
+    assert [s.name for s in stages] == [s for s in declared if s != "train"]  # "train" is the trial itself
+    assert all(s.key for s in stages if s.name in ("reference", "group_predictor"))  # cached by identity
+    if not ALGORITHMS.get(algorithm).trains_by_gradient:
+        assert len(result.history) == 1  # a closed-form refit is evaluated once
+
+
+def test_a_stage_cache_hit_does_not_retrain_the_reference(tiny_group_dataset, tmp_path, monkeypatch):
+    first, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1)
+    reference = stages[0]
+    assert reference.name == "reference" and not reference.cached
+    fits = []
+    original = Trainer.fit
+
+    def counting_fit(self, *args, **kwargs):
+        fits.append(self.config.algorithm)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "fit", counting_fit)
+    # Another trial (other lr and S_r) that agrees on the reference: loaded, not trained again.
+    second, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, lr=0.01, upsample=5)
+    assert stages[0].cached and stages[0].key == reference.key
+    assert fits == ["jtt"]  # only the trial's own training ran
+    # A different T_r is a different reference.
+    _, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=2)
+    assert not stages[0].cached and stages[0].key != reference.key
+    assert fits == ["jtt", "jtt", "erm"]  # the trial, then inside it its new reference
+
+
+def test_a_resumed_multi_stage_trial_keeps_its_inferred_groups(tiny_group_dataset, tmp_path):
+    class Stop(Exception):
+        pass
+
+    class StopAfterFirstEpoch(Callback):
+        def on_epoch_end(self, report) -> None:
+            report.write_checkpoint(tmp_path / "ckpt")
+            raise Stop
+
+    config = TrainConfig.from_flat({"dataset": "tiny", "algorithm": "jtt", "epochs": 2, "device": "cpu",
+                                    "stage_cache": str(tmp_path / "cache"), "upsample": 3})
+    with pytest.raises(Stop):
+        Trainer(config, callbacks=[StopAfterFirstEpoch()], dataset=tiny_group_dataset).fit()
+    resumed = Trainer(config, dataset=tiny_group_dataset)
+    result = resumed.fit(resume_from=tmp_path / "ckpt")
+    full = Trainer(config, dataset=tiny_group_dataset).fit()
+    assert result.history[-1]["val/acc"] == pytest.approx(full.history[-1]["val/acc"])
+    assert result.history[-1]["train/loss/total"] == pytest.approx(full.history[-1]["train/loss/total"], rel=1e-5)
