@@ -1,0 +1,102 @@
+"""SpuCo methods as real sweeps: worst-group selection, per-group metrics, stages as nested MLflow runs.
+
+One single-stage method (GB, through the function executor) and one multi-stage method (JTT, through
+Ray Train) run as `raybench sweep` on spuco-digits, each on its own local Ray and SQLite MLflow store.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import BIN, run_cli, stop_processes_under
+
+
+def _sweep(space: str, executor: str, workdir: Path, data_dir: Path) -> dict:
+    ray_tmp = tempfile.mkdtemp(prefix="rbt-spuco-", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAYBENCH_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1",
+           "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    try:
+        proc = run_cli(["sweep", space, "--dataset", "spuco-digits", "--smoke", "--trials", "2", "--replicates", "1",
+                        "--executor", executor, "--name", space, "--storage", str(workdir / "runs"),
+                        "--tracking-uri", uri], env, workdir)
+    finally:
+        stop_processes_under(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((workdir / "runs" / space / "results" / "summary.json").read_text())
+    return {"dir": workdir, "client": MlflowClient(tracking_uri=uri), "summary": summary}
+
+
+@pytest.fixture(scope="module")
+def gb_sweep(tmp_path_factory, shared_data_dir):
+    return _sweep("gb", "function", tmp_path_factory.mktemp("gb"), shared_data_dir)
+
+
+@pytest.fixture(scope="module")
+def jtt_sweep(tmp_path_factory, shared_data_dir):
+    return _sweep("jtt", "train", tmp_path_factory.mktemp("jtt"), shared_data_dir)
+
+
+def _runs(sweep: dict, filter_string: str) -> list:
+    client = sweep["client"]
+    experiment = client.get_experiment_by_name("raybench")
+    return client.search_runs([experiment.experiment_id], filter_string)
+
+
+@pytest.mark.parametrize("sweep_name", ["gb_sweep", "jtt_sweep"])
+def test_selection_is_validation_worst_group_accuracy(sweep_name, request):
+    summary = request.getfixturevalue(sweep_name)["summary"]
+    assert summary["selection"]["metric"] == "val/worst_group_acc"
+    ok = [t for t in summary["trials"] if t["status"] == "ok"]
+    assert len(ok) == 2
+    assert summary["selected"]["selection_value"] == max(t["selection_value"] for t in ok)
+    for trial in ok:
+        assert trial["selection_value"] == pytest.approx(trial["metrics"]["best/val/worst_group_acc"])
+    table = summary["replicates"]["summary"]
+    assert {"best/test/worst_group_acc", "best/test/avg_acc", "best/test/acc"} <= set(table)
+
+
+def test_per_group_accuracy_is_logged_every_epoch(gb_sweep):
+    trial = _runs(gb_sweep, "tags.stage = 'search'")[0]
+    group_keys = [k for k in trial.data.metrics if k.startswith("val/group_acc/")]
+    assert len(group_keys) == 25  # 5 classes x 5 colours
+    history = gb_sweep["client"].get_metric_history(trial.info.run_id, group_keys[0])
+    assert sorted(m.step for m in history) == [0, 1]
+
+
+def test_single_stage_methods_have_no_stage_runs(gb_sweep):
+    assert _runs(gb_sweep, "tags.stage = 'method_stage'") == []
+
+
+def test_each_stage_is_a_nested_run_of_its_trial(jtt_sweep):
+    trials = _runs(jtt_sweep, "tags.stage = 'search'") + _runs(jtt_sweep, "tags.stage = 'replicate'")
+    assert len(trials) == 3
+    for trial in trials:
+        stages = _runs(jtt_sweep, f"tags.`mlflow.parentRunId` = '{trial.info.run_id}'")
+        names = sorted(s.data.tags["raybench.method_stage"] for s in stages)
+        assert names == ["infer_groups", "reference"]
+        reference = next(s for s in stages if s.data.tags["raybench.method_stage"] == "reference")
+        assert "final/val/worst_group_acc" in reference.data.metrics
+        assert reference.data.params["stage_key"] != "-"
+        infer = next(s for s in stages if s.data.tags["raybench.method_stage"] == "infer_groups")
+        assert "final/error_set_size" in infer.data.metrics
+
+
+def test_references_are_trained_once_per_identity(jtt_sweep):
+    summary = jtt_sweep["summary"]
+    runs = summary["trials"] + summary["replicates"]["runs"]
+    identities = {(r["sampled"]["reference_epochs"], r["seed"]) for r in runs}
+    cache = jtt_sweep["dir"] / "runs" / "stage_cache"
+    entries = [p for p in cache.iterdir() if p.is_dir()]
+    assert len(entries) == len(identities)
+    stage_runs = _runs(jtt_sweep, "tags.`raybench.method_stage` = 'reference'")
+    trained = [r for r in stage_runs if r.data.tags["cached"] == "False"]
+    assert len(trained) == len(identities)
+    assert len({r.data.params["stage_key"] for r in stage_runs}) == len(identities)
