@@ -58,10 +58,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     from raybench.models import MODELS
 
     registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS}
-    for name in registries[args.what].names():
+    names = registries[args.what].names()
+    width = max(len(n) for n in names)
+    for name in names:
         entry = registries[args.what].get(name)
         summary = (entry.__doc__ or "").strip().splitlines()[0] if entry.__doc__ else ""
-        print(f"{name:16s} {summary}".rstrip())
+        print(f"{name:{width}s}  {summary}".rstrip())
     return 0
 
 

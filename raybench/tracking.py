@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.entities import Metric, Param  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 import raybench  # noqa: E402

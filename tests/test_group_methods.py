@@ -1,7 +1,6 @@
 """The SpuCo methods: samplers, losses and group inference against hand-computed values and properties."""
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest

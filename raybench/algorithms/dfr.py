@@ -9,7 +9,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.multiclass import OneVsRestClassifier
 from sklearn.preprocessing import StandardScaler
-from torch import Tensor, nn
+from torch import nn
 
 from raybench.algorithms.base import Algorithm, RoundContext, StepOutput
 from raybench.algorithms.groups import ReferenceHparams, parse_grid, train_reference
@@ -68,7 +68,9 @@ def average_heads(heads: list[LinearHead]) -> LinearHead:
 
 @register("dfr")
 class DFR(Algorithm):
-    """DFR (Kirichenko et al., 2022; SpuCo Sec. 3.1.3 and App. B). Stages:
+    """DFR (Kirichenko et al., 2022; SpuCo Sec. 3.1.3, App. B): refit the last layer on group-balanced validation data.
+
+    Stages:
       1. reference: ERM (all epochs, weights after the last);
       2. last_layer: with the featurizer f frozen, embeddings z = f(x) of the group-labeled validation split;
          for each C in `c_grid`, fit l1 logistic regressions on group-balanced subsamples of `tune_fraction`

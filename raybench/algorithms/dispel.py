@@ -31,7 +31,9 @@ def mix_embeddings(z_pool: np.ndarray, y_pool: np.ndarray, z_balanced: np.ndarra
 
 @register("dispel")
 class Dispel(DFR):
-    """Dispel (Xue et al., 2023; SpuCo Sec. 3.1.3). Stages:
+    """Dispel (Xue et al., 2023; SpuCo Sec. 3.1.3): DFR on training embeddings mixed toward balanced ones.
+
+    Stages:
       1. reference: ERM, as DFR;
       2. last_layer: each ensemble member takes a group-balanced validation subsample B and `n_mixed`
          training embeddings z (their group labels unused), mixes every z with a same-class z' from B into

@@ -8,10 +8,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from raybench.algorithms.base import AlgorithmContext, RoundContext
-from raybench.algorithms.groupdro import GroupDRO, GroupDROHparams
+from raybench.algorithms.groupdro import GroupDROHparams, InferredGroupDRO
 from raybench.algorithms.groups import ReferenceHparams, inference_quality, train_reference
 from raybench.algorithms.registry import register
-from raybench.data.base import Batch, Split
 
 N_ENVIRONMENTS = 2
 
@@ -49,8 +48,10 @@ def infer_environments(logits: Tensor, y: Tensor, steps: int, lr: float, generat
 
 
 @register("eiil")
-class EIIL(GroupDRO):
-    """EIIL (Creager et al., 2021; SpuCo Sec. 3.1.2). Stages:
+class EIIL(InferredGroupDRO):
+    """EIIL (Creager et al., 2021; SpuCo Sec. 3.1.2): GroupDRO on environments inferred from a reference.
+
+    Stages:
       1. reference: ERM for T_r epochs;
       2. infer_groups: environments e_i from `infer_environments` on the reference logits; group = (y, e);
       3. train: GroupDRO (eta, group-balanced batches) on the inferred groups.
@@ -59,24 +60,8 @@ class EIIL(GroupDRO):
     Hparams = EIILHparams
     stages = ("reference", "infer_groups", "train")
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
-        self.inferred = torch.empty(0, dtype=torch.long)
-
     def group_count(self, context: AlgorithmContext) -> int:
         return context.task.n_outputs * N_ENVIRONMENTS
-
-    def get_extra_state(self) -> dict[str, Tensor]:
-        return {"inferred": self.inferred}
-
-    def set_extra_state(self, state: dict[str, Tensor]) -> None:
-        self.inferred = state["inferred"]
-
-    def train_groups(self, train: Split) -> Tensor:
-        return self.inferred
-
-    def batch_groups(self, batch: Batch) -> Tensor:
-        return self.inferred[batch.index]
 
     def begin_round(self, context: RoundContext) -> dict[str, str]:
         assert context.train is not None and context.train.y is not None and context.report_stage is not None

@@ -72,3 +72,26 @@ class GroupDRO(Algorithm):
         losses = F.cross_entropy(outputs, labeled.y, reduction="none")
         loss = group_dro_loss(losses, self.batch_groups(labeled).to(losses.device), self.group_weights, self.hparams.eta)
         return StepOutput(loss, {"loss/supervised": losses.mean().detach(), "dro/max_weight": self.group_weights.max().detach()})
+
+
+class InferredGroupDRO(GroupDRO):
+    """GroupDRO on groups a method inferred for the training split (EIIL, SSA), not on its labels.
+
+    The inferred ids are extra state, so a resumed trial keeps them without inferring again.
+    """
+
+    def __init__(self, model: FeaturizerHead, hparams: GroupDROHparams, context: AlgorithmContext) -> None:
+        super().__init__(model, hparams, context)
+        self.inferred = torch.empty(0, dtype=torch.long)
+
+    def get_extra_state(self) -> dict[str, Tensor]:
+        return {"inferred": self.inferred}
+
+    def set_extra_state(self, state: dict[str, Tensor]) -> None:
+        self.inferred = state["inferred"]
+
+    def train_groups(self, train: Split) -> Tensor:
+        return self.inferred
+
+    def batch_groups(self, batch: Batch) -> Tensor:
+        return self.inferred[batch.index]

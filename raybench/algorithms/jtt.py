@@ -29,7 +29,9 @@ def upsampled_indices(errors: Tensor, factor: int) -> Tensor:
 
 @register("jtt")
 class JTT(ERM):
-    """JTT (Liu et al., 2021; SpuCo Sec. 3.1.2). Stages:
+    """JTT (Liu et al., 2021; SpuCo Sec. 3.1.2): upsample a brief ERM model's errors, train ERM again.
+
+    Stages:
       1. reference: ERM for T_r epochs (`reference_epochs`);
       2. infer_groups: the error set E = {i : argmax f_ref(x_i) != y_i} on the training split;
       3. train: ERM on the training set with E upsampled S_r times (`upsample`),

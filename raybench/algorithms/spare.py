@@ -43,7 +43,9 @@ def cluster_weights(clusters: Tensor, power: float) -> Tensor:
 
 @register("spare")
 class Spare(ERM):
-    """Spare (Yang et al., 2023; SpuCo Sec. 3.1.2). Stages:
+    """Spare (Yang et al., 2023; SpuCo Sec. 3.1.2): sample evenly from clusters of early outputs.
+
+    Stages:
       1. reference: ERM for a few epochs T_r (early in training outputs are mostly spurious);
       2. infer_groups: k-means with `n_clusters` per class on the reference's softmax outputs;
       3. train: ERM with importance sampling, P(i) proportional to |cluster(i)|^-p (`sampling_power`).

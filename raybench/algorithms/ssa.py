@@ -7,10 +7,10 @@ import torch
 from torch import Tensor
 
 from raybench.algorithms.base import AlgorithmContext, RoundContext
-from raybench.algorithms.groupdro import GroupDRO, GroupDROHparams
+from raybench.algorithms.groupdro import GroupDROHparams, InferredGroupDRO
 from raybench.algorithms.groups import inference_quality, minority_mask
 from raybench.algorithms.registry import register
-from raybench.data.base import Batch, ShiftDataset, Split, Task, TaskKind
+from raybench.data.base import ShiftDataset, Split, Task, TaskKind
 from raybench.metrics import accuracy, worst_group_accuracy
 
 
@@ -61,8 +61,10 @@ def attribute_dataset(dataset: ShiftDataset, val: Split, train: Split, fraction:
 
 
 @register("ssa")
-class SSA(GroupDRO):
-    """SSA (Nam et al., 2022; SpuCo Sec. 3.1.3). Stages:
+class SSA(InferredGroupDRO):
+    """SSA (Nam et al., 2022; SpuCo Sec. 3.1.3): GroupDRO on attributes predicted semi-supervised.
+
+    Stages:
       1. group_predictor: a model of the spurious attribute a, trained with the one trainer as Pseudo-Label
          (threshold tau, no augmentation, which could change colours) on `labeled_fraction` of the
          group-labeled validation split plus the unlabeled training inputs, selected on the rest by
@@ -75,24 +77,8 @@ class SSA(GroupDRO):
     Hparams = SSAHparams
     stages = ("group_predictor", "infer_groups", "train")
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
-        self.inferred = torch.empty(0, dtype=torch.long)
-
     def group_count(self, context: AlgorithmContext) -> int:
         return context.task.n_outputs * context.n_domains
-
-    def get_extra_state(self) -> dict[str, Tensor]:
-        return {"inferred": self.inferred}
-
-    def set_extra_state(self, state: dict[str, Tensor]) -> None:
-        self.inferred = state["inferred"]
-
-    def train_groups(self, train: Split) -> Tensor:
-        return self.inferred
-
-    def batch_groups(self, batch: Batch) -> Tensor:
-        return self.inferred[batch.index]
 
     def begin_round(self, context: RoundContext) -> dict[str, str]:
         assert context.train is not None and context.train.y is not None and context.split is not None

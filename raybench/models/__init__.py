@@ -4,7 +4,7 @@ from __future__ import annotations
 from raybench.models.base import FeaturizerHead, load_local_weights
 from raybench.models.registry import MODELS, ModelSpec
 
-from raybench.models import lenet, torchvision_models  # noqa: E402,F401  (registers the builders)
+from raybench.models import lenet, lenet5, torchvision_models  # noqa: E402,F401  (registers the builders)
 
 
 def build_model(name: str, spec: ModelSpec) -> FeaturizerHead:
