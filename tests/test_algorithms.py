@@ -1,6 +1,8 @@
 """Every registered algorithm meets the contract; each loss has a property or hand-computed check."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -12,10 +14,11 @@ from raybench.algorithms.fixmatch import FixMatch
 from raybench.algorithms.pseudolabel import PseudoLabel
 from raybench.data import Batch, Split
 from raybench.models import FeaturizerHead, ModelSpec, build_model
+from raybench.trainer import TrainConfig, Trainer
 
 
 def context_for(dataset, total_steps: int = 100) -> AlgorithmContext:
-    return AlgorithmContext(dataset.task, dataset.views, dataset.n_domains, total_steps)
+    return AlgorithmContext(dataset.task, dataset.views, dataset.n_domains, total_steps, dataset.n_groups)
 
 
 def lenet(dataset) -> FeaturizerHead:
@@ -27,24 +30,21 @@ def batches(dataset, n_labeled: int = 8, n_unlabeled: int = 24) -> tuple[Batch, 
             dataset.split("test_unlabeled").take(torch.arange(n_unlabeled)))
 
 
-def round_context(dataset, algorithm) -> RoundContext:
+def round_context(dataset, algorithm, stage_cache) -> RoundContext:
+    """The services a real trainer offers (splits, stages, prediction), with a stub teacher for Noisy Student."""
+    config = TrainConfig.from_flat({"dataset": dataset.name, "algorithm": algorithm.name, "epochs": 1,
+                                    "device": "cpu", "stage_cache": str(stage_cache)})
+    context = Trainer(config, dataset=dataset)._round_context(0)
     teacher = lenet(dataset)
-
-    def predict(model, split: Split, view):
-        model.eval()
-        with torch.no_grad():
-            return model(view(split.x))
-
-    return RoundContext(0, dataset.split("test_unlabeled"), None, lambda: (teacher, "test teacher"),
-                        lambda path: teacher, predict)
+    return dataclasses.replace(context, train_teacher=lambda: (teacher, "test teacher"), load_model=lambda path: teacher)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS.names())
-def test_conformance_init_update_predict(name, tiny_dataset):
+def test_conformance_init_update_predict(name, tiny_dataset, tmp_path):
     """init -> begin_round -> a few updates -> predict: finite loss, gradient reaching the featurizer."""
     torch.manual_seed(0)
     algorithm = build_algorithm(name, lenet(tiny_dataset), {}, context_for(tiny_dataset))
-    algorithm.begin_round(round_context(tiny_dataset, algorithm))
+    algorithm.begin_round(round_context(tiny_dataset, algorithm, tmp_path))
     optimizer = torch.optim.SGD(algorithm.param_groups(0.01), lr=0.01)
     labeled, unlabeled = batches(tiny_dataset)
     for step in range(3):
@@ -132,9 +132,9 @@ def test_noisy_student_has_dropout_before_the_head(tiny_dataset):
     assert isinstance(head[1], nn.Linear)
 
 
-def test_noisy_student_learns_the_teachers_labels(tiny_dataset):
+def test_noisy_student_learns_the_teachers_labels(tiny_dataset, tmp_path):
     algorithm = build_algorithm("noisy_student", lenet(tiny_dataset), {}, context_for(tiny_dataset))
-    facts = algorithm.begin_round(round_context(tiny_dataset, algorithm))
+    facts = algorithm.begin_round(round_context(tiny_dataset, algorithm, tmp_path))
     assert facts == {"round_0/teacher_source": "test teacher"}
     assert algorithm.pseudo_labels.shape == (len(tiny_dataset.split("test_unlabeled")),)
     state = algorithm.state_dict()
@@ -149,5 +149,5 @@ def test_unknown_hyperparameter_names_the_known_ones(tiny_dataset):
 
 
 def test_unknown_algorithm_lists_known():
-    with pytest.raises(KeyError, match="known: coral, dann, erm"):
+    with pytest.raises(KeyError, match="known: cb, coral, dann, dfr"):
         ALGORITHMS.get("nope")

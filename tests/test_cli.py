@@ -21,7 +21,7 @@ def private_data_dir(tmp_path_factory, monkeypatch):
         (["train", "--epochs", "0"], "--epochs: expected an integer >= 1, got 0"),
         (["train", "--epochs", "two"], "--epochs: expected an integer >= 1, got 'two'"),
         (["train", "--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
-        (["train", "--algorithm", "nope"], "--algorithm: expected one of coral, dann, erm, fixmatch, noisy_student, pseudolabel, got 'nope'"),
+        (["train", "--algorithm", "nope"], "--algorithm: expected one of cb, coral, dann, dfr, dispel, eiil, erm, fixmatch, gb, groupdro, jtt, noisy_student, pseudolabel, spare, ssa, got 'nope'"),
         (["train", "--dataset", "nope"], "--dataset: unknown dataset 'nope'; known: digits-shift"),
         (["train", "--set", "lr"], "--set: expected key=value, got 'lr'"),
         (["train", "--set", "lr=fast"], "--set lr: expected float, got 'fast'"),
@@ -31,7 +31,7 @@ def private_data_dir(tmp_path_factory, monkeypatch):
         (["train", "--algorithm", "erm", "--set", "penalty=1"], "--set penalty: not a setting of the trainer nor a hyperparameter of 'erm'"),
         (["train", "--algorithm", "fixmatch", "--set", "threshold=high"], "--set threshold: expected float, got 'high'"),
         (["train", "--set", "optimizer=adagrad"], "--set optimizer: expected one of sgd, adam, adamw, got 'adagrad'"),
-        (["train", "--set", "model=vgg"], "--set model: expected one of densenet121, lenet, resnet18, resnet50, got 'vgg'"),
+        (["train", "--set", "model=vgg"], "--set model: expected one of densenet121, lenet, lenet5, resnet18, resnet50, got 'vgg'"),
         (["train", "--set", "selection_metric=val/auc"], "--set selection_metric: expected one of"),
         (["train", "--epochs", "2", "--set", "epochs=3"], "--set epochs: use the --epochs flag instead"),
         (["train", "--set", "scheduler=cosine"], "--set scheduler: expected one of step, linear, got 'cosine'"),
@@ -57,9 +57,11 @@ def test_output_that_is_a_file_is_refused(tmp_path, capsys):
 def test_list_shows_registered_names(capsys):
     assert main(["list", "algorithms"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert names == ["coral", "dann", "erm", "fixmatch", "noisy_student", "pseudolabel"]
+    assert names == ["cb", "coral", "dann", "dfr", "dispel", "eiil", "erm", "fixmatch", "gb", "groupdro", "jtt",
+                     "noisy_student", "pseudolabel", "spare", "ssa"]
     assert main(["list", "datasets"]) == 0
-    assert "digits-shift" in capsys.readouterr().out
+    datasets = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert {"digits-shift", "spuco-digits", "spuco-fashion", "spuco-digits-magnitude-small"} <= set(datasets)
 
 
 def test_train_prints_epochs_and_ends_with_one_json_line(tmp_path, capsys):

@@ -29,6 +29,7 @@ def digits(tmp_path_factory):
 
 def test_the_paper_spaces_ship():
     assert set(SHIPPED) >= {"erm", "erm_aug", "coral", "dann", "pseudolabel", "fixmatch", "noisy_student"}
+    assert set(SHIPPED) >= {"cb", "gb", "groupdro", "jtt", "eiil", "spare", "ssa", "dfr", "dispel"}  # SpuCo
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -76,7 +77,7 @@ def test_trial_id_is_a_content_hash():
 
 
 MALFORMED = [
-    ("algorithm: nope\n", "algorithm", "'nope'", "one of coral, dann"),
+    ("algorithm: nope\n", "algorithm", "'nope'", "one of cb, coral, dann"),
     ("- just\n- a list\n", "(top level)", "['just', 'a list']", "a mapping"),
     ("algorithm: erm\nsearh: {}\n", "searh", "{}", "one of the keys"),
     ("algorithm: erm\nsearch:\n  lr: {distribution: gaussian}\n", "search.lr.distribution", "'gaussian'", "one of loguniform"),
@@ -111,7 +112,7 @@ def test_malformed_space_gets_one_clear_message(text, key, value, expected, tmp_
 
 
 def test_missing_file_lists_the_shipped_spaces(tmp_path):
-    with pytest.raises(SpaceError, match="an existing YAML file or one of: coral, dann"):
+    with pytest.raises(SpaceError, match="an existing YAML file or one of: cb, coral, dann"):
         load_space("nonexistent")
 
 
