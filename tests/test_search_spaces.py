@@ -129,3 +129,24 @@ def test_bad_space_fails_on_the_command_line_before_ray_starts(tmp_path, capsys,
     assert err.strip() == f"raybench: error: {path}: search.lr.distribution: expected one of loguniform, uniform, choice, lr, got 'gaussian'"
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+SPUCO_SPACES = ["erm", "cb", "gb", "groupdro", "jtt", "eiil", "spare", "ssa", "dfr", "dispel"]
+
+
+@pytest.fixture(scope="module")
+def spuco(shared_data_dir):
+    return load_dataset("spuco-digits", shared_data_dir)
+
+
+@pytest.mark.parametrize("name", SPUCO_SPACES)
+def test_spuco_spaces_resolve_to_valid_configs_on_spuco_digits(name, spuco):
+    from raybench.trainer import TrainConfig
+
+    resolved = load_space(name).for_dataset(spuco)
+    for pick in (0, -1):  # both ends of every searched range
+        sampled = {n: p.values[pick] if p.values else (p.low if pick == 0 else p.high) for n, p in resolved.search.items()}
+        config = TrainConfig.from_flat(resolved.materialize(sampled)).resolve(spuco)
+        assert config.selection_metric == "val/worst_group_acc" and config.model == "lenet5"
+    if name == "erm":  # the SpuCo grid replaces WILDS' lr range on this dataset
+        assert list(resolved.search["lr"].values) == [0.01, 0.001, 0.0001]

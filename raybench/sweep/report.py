@@ -61,5 +61,7 @@ def table(summary: dict[str, Any]) -> str:
         if any(c != "n/a" for c in cells.values()):
             rows.append({"split": label, **cells})
     if rows:
-        out.append(pd.DataFrame(rows).to_string(index=False))
+        frame = pd.DataFrame(rows)
+        shown = [c for c in frame.columns if c == "split" or (frame[c] != "n/a").any()]  # e.g. per-group families
+        out.append(frame[shown].to_string(index=False))
     return "\n".join(out)
