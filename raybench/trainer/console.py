@@ -27,6 +27,7 @@ class ConsoleCallback(Callback):
 
     def on_stage(self, report: StageReport) -> None:
         source = f"loaded from cache {report.key}" if report.cached else (f"trained {report.key}" if report.key else "done")
+        bookkeeping = ("lr", "epoch", "epochs_since_best", "selection/best")
         shown = "  ".join(f"{k}={v:.4f}" for k, v in report.metrics.items()
-                          if not k.startswith("train/") and k.count("/") <= 1 and isinstance(v, float))
+                          if not k.startswith("train/") and k.count("/") <= 1 and k not in bookkeeping)
         print(f"[stage] {report.name}: {source}  {shown}", file=self.stream, flush=True)
