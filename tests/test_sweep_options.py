@@ -69,3 +69,27 @@ def test_set_on_the_command_line_wins_over_search_and_derivation():
     assert "penalty" not in prepared.space.search and "epochs" not in prepared.space.derived
     config = prepared.space.materialize({"unlabeled_ratio": 15, "classifier_lr": 1e-3, "discriminator_lr": 1e-3})
     assert config["penalty"] == "0.5" and config["epochs"] == "2"
+
+
+def test_the_searcher_does_not_hand_out_a_config_twice(tmp_path):
+    """On a discrete grid a random sampler repeats itself; repeats are redrawn, and that survives a restore."""
+    import optuna
+
+    from raybench.sweep.ray_backend import SEARCH_METRIC, DistinctOptunaSearch
+
+    grid = {"lr": optuna.distributions.CategoricalDistribution([0.1, 0.01, 0.001]),
+            "weight_decay": optuna.distributions.CategoricalDistribution([0.0, 0.01])}
+
+    def searcher() -> DistinctOptunaSearch:
+        return DistinctOptunaSearch(space=grid, metric=SEARCH_METRIC, mode="max",
+                                    sampler=optuna.samplers.RandomSampler(seed=0))
+
+    first = searcher()
+    drawn = [first.suggest(f"t{i}") for i in range(4)]
+    assert len({tuple(sorted(d.items())) for d in drawn}) == 4
+    first.save(str(tmp_path / "searcher.pkl"))
+    restored = searcher()
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    more = [restored.suggest(f"t{i}") for i in range(4, 6)]
+    assert len({tuple(sorted(d.items())) for d in drawn + more}) == 6  # the whole grid, no repeat
+    assert restored.suggest("t6") in drawn + more  # an exhausted grid still answers

@@ -286,6 +286,38 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
 }
 
 
+MAX_REDRAWS = 20
+
+
+class DistinctOptunaSearch(OptunaSearch):
+    """Tune's OptunaSearch that does not hand out the same config twice.
+
+    On a discrete space (SpuCo's lr x weight-decay grid) a random sampler repeats itself, and a repeat
+    is a trial spent learning nothing new. A repeated draw is told to Optuna as pruned and drawn again,
+    up to MAX_REDRAWS times; only when the space seems exhausted does the repeat run (a finished one is
+    then replayed from its record, not retrained). The set of configs handed out is part of the
+    searcher's saved state (OptunaSearch pickles its __dict__), so a resumed sweep keeps it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handed_out: set[str] = set()
+
+    def suggest(self, trial_id: str) -> Optional[dict]:
+        for _ in range(MAX_REDRAWS):
+            config = super().suggest(trial_id)
+            if config is None or _config_key(config) not in self._handed_out:
+                break
+            self._ot_study.tell(self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.PRUNED)
+        if config is not None:
+            self._handed_out.add(_config_key(config))
+        return config
+
+
+def _config_key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
+
+
 # ----- experiments -------------------------------------------------------------------------------------------
 def _run_config(spec: RunSpec) -> tune.RunConfig:
     return tune.RunConfig(
@@ -308,7 +340,7 @@ def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.
 def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, seed: int, resume: bool) -> tune.ResultGrid:
     """Random (or TPE) search with Optuna through Tune's OptunaSearch; trials select on `selection/best`."""
     trainable = make_trainable(space, spec)
-    searcher = OptunaSearch(
+    searcher = DistinctOptunaSearch(
         space={name: optuna_distribution(p) for name, p in space.search.items()},
         metric=SEARCH_METRIC, mode="max", sampler=SAMPLERS[sampler](seed),
     )
