@@ -15,10 +15,11 @@ import argparse
 import json
 import math
 import os
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
+
+from seed_table import seed_table
 
 # (row label, algorithm, hyperparameters): the three the issue asks for, then ablations with --ablations.
 RUNS = (("erm", "erm", {}), ("dann", "dann", {}), ("fixmatch", "fixmatch", {}))
@@ -46,19 +47,6 @@ def run_one(label: str, algorithm: str, hparams: dict[str, Any], seed: int) -> d
             "seconds": time.perf_counter() - start, **{k: result.best_metrics[k] for k, _ in COLUMNS}}
 
 
-def mean_std(values: list[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{100 * statistics.mean(values):.1f} ± {100 * std:.1f}"
-
-
-def table(runs: list[dict[str, Any]]) -> str:
-    lines = ["| run | " + " | ".join(title for _, title in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-    for label in dict.fromkeys(r["label"] for r in runs):
-        mine = [r for r in runs if r["label"] == label]
-        lines.append(f"| {label} | " + " | ".join(mean_std([r[k] for r in mine]) for k, _ in COLUMNS) + " |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -77,7 +65,7 @@ def main() -> None:
         print(f"{r['label']:18s} seed {r['seed']}  epochs {r['epochs']:2d}  best epoch {r['best_epoch']:2d}  "
               + "  ".join(f"{k}={r[k]:.4f}" for k, _ in COLUMNS) + f"  ({r['seconds']:.0f} s)")
     print(f"\ndigits-shift, {args.seeds} seeds, selected at the best OOD-val epoch (accuracy %, mean ± std):\n")
-    print(table(runs))
+    print(seed_table(runs, COLUMNS))
     print(f"\nwall time {time.perf_counter() - start:.0f} s with {args.workers} worker processes")
     if args.json:
         with open(args.json, "w") as fh:

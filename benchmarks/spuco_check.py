@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from seed_table import seed_table
 
 PATTERN = (("ERM", "erm", "spuco-digits"), ("GB", "gb", "spuco-digits"), ("GroupDRO", "groupdro", "spuco-digits"))
 TREND = tuple((f"ERM, {m} magnitude", "erm", f"spuco-digits-magnitude-{m}") for m in ("large", "medium", "small"))
@@ -43,19 +44,6 @@ def run_one(label: str, algorithm: str, dataset_name: str, seed: int) -> dict[st
     result = Trainer(config, dataset=dataset).fit()
     return {"label": label, "seed": seed, "best_epoch": result.best_epoch, "seconds": time.perf_counter() - start,
             **{k: result.best_metrics[k] for k, _ in COLUMNS}}
-
-
-def mean_std(values: list[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{100 * statistics.mean(values):.1f} ± {100 * std:.1f}"
-
-
-def fixed_table(runs: list[dict[str, Any]]) -> str:
-    lines = ["| run | " + " | ".join(title for _, title in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-    for label in dict.fromkeys(r["label"] for r in runs):
-        mine = [r for r in runs if r["label"] == label]
-        lines.append(f"| {label} | " + " | ".join(mean_std([r[k] for r in mine]) for k, _ in COLUMNS) + " |")
-    return "\n".join(lines)
 
 
 def run_fixed(rows: tuple[tuple[str, str, str], ...], seeds: int, workers: int) -> list[dict[str, Any]]:
@@ -112,7 +100,7 @@ def main() -> None:
         text = sweep_table(rows)
     else:
         rows = run_fixed(PATTERN if args.part == "pattern" else TREND, args.seeds, args.workers)
-        text = fixed_table(rows)
+        text = seed_table(rows, COLUMNS)
     print(text)
     print(f"\n{args.part}: {time.perf_counter() - started:.0f} s wall on {args.workers} workers")
     if args.json:
