@@ -1,6 +1,7 @@
 """The SpuCo methods: samplers, losses and group inference against hand-computed values and properties."""
 from __future__ import annotations
 
+import re
 
 import numpy as np
 import pytest
@@ -251,3 +252,16 @@ def test_a_resumed_multi_stage_trial_keeps_its_inferred_groups(tiny_group_datase
     full = Trainer(config, dataset=tiny_group_dataset).fit()
     assert result.history[-1]["val/acc"] == pytest.approx(full.history[-1]["val/acc"])
     assert result.history[-1]["train/loss/total"] == pytest.approx(full.history[-1]["train/loss/total"], rel=1e-5)
+
+
+@pytest.mark.parametrize("algorithm, key, value, expected", [
+    ("dfr", "c_grid", "1.0,x", "expected comma-separated numbers"),
+    ("dispel", "s_grid", "0.5,1.5", "expected mixing weights in [0, 1]"),
+    ("dfr", "tune_fraction", 1.0, "strictly between 0 and 1"),
+])
+def test_bad_method_settings_are_refused_before_any_work(algorithm, key, value, expected):
+    from raybench.trainer import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(expected)) as caught:
+        TrainConfig.from_flat({"dataset": "spuco-digits", "algorithm": algorithm, key: value})
+    assert caught.value.key == key

@@ -28,6 +28,13 @@ class DFRHparams(ReferenceHparams):
     n_ensemble: int = 10
     tune_fraction: float = 0.5  # share of the validation split that fits while C is chosen on the rest
 
+    def __post_init__(self) -> None:
+        parse_grid(self.c_grid, "c_grid")
+        if not 0 < self.tune_fraction < 1:
+            raise ValueError(f"tune_fraction: expected a number strictly between 0 and 1, got {self.tune_fraction!r}")
+        if self.n_ensemble < 1:
+            raise ValueError(f"n_ensemble: expected an integer >= 1, got {self.n_ensemble!r}")
+
 
 @dataclass
 class LinearHead:

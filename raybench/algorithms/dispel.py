@@ -18,6 +18,11 @@ class DispelHparams(DFRHparams):
     n_mixed: int = 1000  # training embeddings mixed per ensemble member
     n_ensemble: int = 5  # C x s settings make Dispel's grid 4x DFR's
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(not 0 <= s <= 1 for s in parse_grid(self.s_grid, "s_grid")):
+            raise ValueError(f"s_grid: expected mixing weights in [0, 1], got {self.s_grid!r}")
+
 
 def mix_embeddings(z_pool: np.ndarray, y_pool: np.ndarray, z_balanced: np.ndarray, y_balanced: np.ndarray,
                    s: float, rng: np.random.Generator) -> np.ndarray:

@@ -111,6 +111,11 @@ class TrainConfig:
                 coerce(value, hparam_types[key], key)
             except ValueError as err:
                 raise ConfigError(key, str(err).partition(": ")[2]) from None
+        try:  # the dataclass's own checks (e.g. DFR's C grid), before any work
+            ALGORITHMS.get(self.algorithm).Hparams.from_dict(self.hparams, self.algorithm)
+        except ValueError as err:
+            key, _, detail = str(err).partition(": ")
+            raise ConfigError(key, detail) from None
 
     def resolve(self, dataset: ShiftDataset) -> "TrainConfig":
         """A copy with every unset field taken from the dataset's defaults."""
