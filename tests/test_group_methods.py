@@ -265,3 +265,11 @@ def test_bad_method_settings_are_refused_before_any_work(algorithm, key, value, 
     with pytest.raises(ConfigError, match=re.escape(expected)) as caught:
         TrainConfig.from_flat({"dataset": "spuco-digits", "algorithm": algorithm, key: value})
     assert caught.value.key == key
+
+
+def test_a_cache_hit_and_a_miss_give_the_same_trial(tiny_group_dataset, tmp_path):
+    """The reference's own training must not move the trial's random stream, or results would depend on the cache."""
+    trained, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, upsample=3, augment=True)
+    loaded, stages_again = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, upsample=3, augment=True)
+    assert not stages[0].cached and stages_again[0].cached
+    assert trained.history[-1]["train/loss/total"] == pytest.approx(loaded.history[-1]["train/loss/total"], rel=1e-6)

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import random
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -105,6 +105,16 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Run a nested fit without moving this process's Python, NumPy and torch random streams."""
+    states = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
+        yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -233,7 +243,8 @@ class Trainer:
 
         def make() -> tuple[dict[str, Tensor], dict[str, Any]]:
             started = time.perf_counter()
-            result = trainer.fit()
+            with preserved_rng():  # a cache hit and a miss must leave this run on the same random stream
+                result = trainer.fit()
             weights = result.final_state if use_final else _cpu_state(result.best_model)
             return weights, {
                 "stage": name, "config": trainer.config.to_flat(), "best_epoch": result.best_epoch,
