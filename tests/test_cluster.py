@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import jsonschema
@@ -61,12 +62,16 @@ def test_job_submission_to_a_local_head_with_an_http_mlflow_server(tmp_path, swe
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         dashboard, mlflow_uri = f"http://127.0.0.1:{ports['DASHBOARD_PORT']}", f"http://127.0.0.1:{ports['MLFLOW_PORT']}"
-        submit = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", str(REPO), "--",
-             "raybench", "sweep", "erm", "--smoke", "--address", "auto", "--name", "job",
-             "--tracking-uri", mlflow_uri, "--storage", str(tmp_path / "runs")],
-            env=env, capture_output=True, text=True, timeout=600,
-        )
+        for _ in range(12):  # the head's job agent can still be starting when the dashboard already answers
+            submit = subprocess.run(
+                [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", str(REPO), "--",
+                 "raybench", "sweep", "erm", "--smoke", "--address", "auto", "--name", "job",
+                 "--tracking-uri", mlflow_uri, "--storage", str(tmp_path / "runs")],
+                env=env, capture_output=True, text=True, timeout=600,
+            )
+            if "No available agent" not in submit.stdout + submit.stderr:
+                break
+            time.sleep(5)
         assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-3000:]
         client = MlflowClient(tracking_uri=mlflow_uri)
         experiment = client.get_experiment_by_name("raybench")
