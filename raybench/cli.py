@@ -150,12 +150,60 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----- raybench data ----------------------------------------------------------------------------
+def _wilds_name(name: str) -> str:
+    from raybench.data.wilds.adapter import SPECS
+
+    if name not in SPECS:
+        raise UsageError(f"data: unknown WILDS dataset {name!r}; known: {', '.join(SPECS)}")
+    return name
+
+
+def _root(args: argparse.Namespace) -> Path:
+    from raybench.data.wilds.adapter import wilds_root
+
+    return Path(args.root) if args.root else wilds_root(None)
+
+
+def cmd_data_check(args: argparse.Namespace) -> int:
+    from raybench.data.wilds.files import check
+
+    report = check(_wilds_name(args.name), _root(args))
+    print("\n".join(report.lines()))
+    return 0 if report.loadable else 1
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from raybench.data.wilds.files import check, prepare
+
+    root = _root(args)
+    prepare(_wilds_name(args.name), root, unlabeled=not args.labeled_only)
+    print("\n".join(check(args.name, root).lines()))
+    return 0
+
+
+def add_data_parser(sub: Any) -> None:
+    d = sub.add_parser("data", help="check or download the real WILDS datasets")
+    data = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    root_help = "the WILDS root (default: $RAYBENCH_WILDS_ROOT, else ~/.cache/raybench/wilds)"
+    c = data.add_parser("check", help="is a folder a loadable copy? lists exactly which files are missing (exit 1 if any labeled file is)")
+    c.add_argument("name")
+    c.add_argument("--root", help=root_help)
+    c.set_defaults(run=cmd_data_check)
+    p = data.add_parser("prepare", help="download through the wilds package (needs internet; tens to hundreds of GB)")
+    p.add_argument("name")
+    p.add_argument("--root", help=root_help)
+    p.add_argument("--labeled-only", action="store_true", help="skip the unlabeled data")
+    p.set_defaults(run=cmd_data_prepare)
+
+
 def add_sweep_parser(sub: Any) -> None:
     p = sub.add_parser("sweep", help="random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)")
     p.add_argument("space", help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
     p.add_argument("--dataset", default="digits-shift")
     p.add_argument("--trials", type=positive_int, help="random configs to try (default 10; 2 with --smoke)")
-    p.add_argument("--replicates", type=non_negative_int, help="seeds for the selected config (default 3; 2 with --smoke)")
+    p.add_argument("--replicates", type=non_negative_int,
+                   help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, else 3; 2 with --smoke)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="the search's seed (Optuna sampler)")
     p.add_argument("--sampler", choices=["random", "tpe"], default="random")
     p.add_argument("--max-concurrent", type=positive_int, default=2)
@@ -205,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.add_argument("--output", help="directory for the checkpoint (state.pt, best_model.pt) and result.json")
     p_train.set_defaults(run=cmd_train)
     add_sweep_parser(sub)
+    add_data_parser(sub)
     return parser
 
 

@@ -6,12 +6,19 @@ import torch
 
 from raybench.models import MODELS, FeaturizerHead, ModelSpec, build_model
 
-INPUTS = {"lenet": (3, 16, 16), "resnet18": (3, 32, 32), "resnet50": (3, 32, 32), "densenet121": (3, 32, 32)}
+# The image classifiers; the text, graph and detection models have their own tests (test_wilds_models.py).
+INPUTS = {"lenet": (3, 16, 16), "lenet5": (3, 28, 28), "resnet18": (3, 32, 32), "resnet50": (3, 32, 32),
+          "densenet121": (3, 32, 32)}
+NON_IMAGE = {"distilbert", "gin_virtual", "fasterrcnn"}
 
 
-@pytest.mark.parametrize("name", MODELS.names())
+def test_every_registered_model_is_tested():
+    assert set(MODELS.names()) == set(INPUTS) | NON_IMAGE
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
 def test_model_is_featurizer_plus_head(name):
-    shape = INPUTS.get(name, (3, 32, 32))
+    shape = INPUTS[name]
     model = build_model(name, ModelSpec(shape, 5))
     assert isinstance(model, FeaturizerHead)
     model.eval()

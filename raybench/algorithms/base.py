@@ -147,11 +147,24 @@ def masked_bce(outputs: Tensor, y: Tensor) -> Tensor:
     return F.binary_cross_entropy_with_logits(outputs[known], y[known])
 
 
+def _detector_owns_loss(outputs: Tensor, y: Tensor) -> Tensor:
+    raise TypeError("detection losses come from the detector itself (FeaturizerHead.fit_loss), not from its outputs")
+
+
 SUPERVISED_LOSSES: dict[TaskKind, Callable[[Tensor, Tensor], Tensor]] = {
     TaskKind.CLASSIFICATION: F.cross_entropy,
     TaskKind.REGRESSION: lambda out, y: F.mse_loss(out.squeeze(-1), y.float()),
     TaskKind.MULTILABEL: masked_bce,
+    TaskKind.DETECTION: _detector_owns_loss,
 }
+
+
+# What a dataset may offer that some algorithms need (ShiftDataset.capabilities), in words for errors.
+CAPABILITIES: dict[str, str] = {
+    "strong_augmentation": "strong augmentation (RandAugment-style views, which text, graphs and detection lack here)",
+    "features": "a feature vector to align (a detector has none)",
+}
+
 
 
 class Algorithm(nn.Module, ABC):
@@ -159,12 +172,32 @@ class Algorithm(nn.Module, ABC):
 
     Hparams: ClassVar[type[Hparams]] = Hparams
     uses_unlabeled: ClassVar[bool] = False
-    supported_tasks: ClassVar[frozenset[TaskKind]] = frozenset(TaskKind)
+    # Detection is opt-in: a detector computes its own losses, and only ERM, Pseudo-Label and Noisy Student
+    # were adapted to it by WILDS 2.0.
+    supported_tasks: ClassVar[frozenset[TaskKind]] = frozenset(TaskKind) - {TaskKind.DETECTION}
     name: ClassVar[str] = ""
     # The stages a multi-stage method runs in order (each a nested MLflow run); the last is the trial itself.
     stages: ClassVar[tuple[str, ...]] = ("train",)
     # False for methods that only refit a head in closed form (DFR, Dispel): the trainer then evaluates once.
     trains_by_gradient: ClassVar[bool] = True
+    # Dataset capabilities needed whatever the settings (FixMatch: strong augmentation; CORAL, DANN: features).
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def requirements(cls, hparams: Hparams) -> frozenset[str]:
+        """What a dataset must offer for these settings: `augment=True` needs strong augmentation."""
+        return cls.requires | (frozenset({"strong_augmentation"}) if getattr(hparams, "augment", False) else frozenset())
+
+    @classmethod
+    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> Optional[str]:
+        """Why this algorithm cannot run on a dataset of this task and these capabilities; None if it can."""
+        if task not in cls.supported_tasks:
+            allowed = ", ".join(sorted(k.value for k in cls.supported_tasks))
+            return f"it supports {allowed} tasks, not {task.value}"
+        missing = sorted(cls.requirements(hparams) - capabilities)
+        if missing:
+            return "it needs " + " and ".join(CAPABILITIES[m] for m in missing)
+        return None
 
     def __init__(self, model: FeaturizerHead, hparams: Hparams, context: AlgorithmContext) -> None:
         super().__init__()

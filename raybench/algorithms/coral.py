@@ -9,7 +9,7 @@ from torch import Tensor
 
 from raybench.algorithms.base import Algorithm, Hparams, StepOutput
 from raybench.algorithms.registry import register
-from raybench.data.base import Batch, TaskKind
+from raybench.data.base import Batch, TaskKind, concat_inputs
 
 
 @dataclass
@@ -39,11 +39,12 @@ class CORAL(Algorithm):
     Hparams = CORALHparams
     uses_unlabeled = True
     supported_tasks = frozenset({TaskKind.CLASSIFICATION, TaskKind.REGRESSION, TaskKind.MULTILABEL})
+    requires = frozenset({"features"})
 
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         assert unlabeled is not None, "CORAL needs an unlabeled batch"
         n = len(labeled)
-        x = torch.cat([self.view(labeled.x, self.hparams.augment), self.view(unlabeled.x, self.hparams.augment)])
+        x = concat_inputs(self.view(labeled.x, self.hparams.augment), self.view(unlabeled.x, self.hparams.augment))
         features = self.model.featurizer(x)
         supervised = self.supervised_loss(self.model.head(features[:n]), labeled.y)
         penalty = coral_penalty(features[:n], features[n:])

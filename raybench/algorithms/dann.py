@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, StepOutput
 from raybench.algorithms.registry import register
-from raybench.data.base import Batch
+from raybench.data.base import Batch, concat_inputs
 from raybench.models.base import FeaturizerHead
 
 
@@ -56,6 +56,7 @@ class DANN(Algorithm):
 
     Hparams = DANNHparams
     uses_unlabeled = True
+    requires = frozenset({"features"})
 
     def __init__(self, model: FeaturizerHead, hparams: DANNHparams, context: AlgorithmContext) -> None:
         super().__init__(model, hparams, context)
@@ -73,7 +74,7 @@ class DANN(Algorithm):
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         assert unlabeled is not None, "DANN needs an unlabeled batch"
         n = len(labeled)
-        x = torch.cat([self.view(labeled.x, self.hparams.augment), self.view(unlabeled.x, self.hparams.augment)])
+        x = concat_inputs(self.view(labeled.x, self.hparams.augment), self.view(unlabeled.x, self.hparams.augment))
         features = self.model.featurizer(x)
         supervised = self.supervised_loss(self.model.head(features[:n]), labeled.y)
         domain_logits = self.discriminator(GradientReversal.apply(features, 1.0))

@@ -6,7 +6,7 @@ from typing import Optional
 
 from raybench.algorithms.base import Algorithm, Hparams, StepOutput
 from raybench.algorithms.registry import register
-from raybench.data.base import Batch
+from raybench.data.base import Batch, TaskKind
 
 
 @dataclass
@@ -23,8 +23,8 @@ class ERM(Algorithm):
     """
 
     Hparams = ERMHparams
+    supported_tasks = frozenset(TaskKind)
 
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
-        outputs = self.model(self.view(labeled.x, self.hparams.augment))
-        loss = self.supervised_loss(outputs, labeled.y)
+        loss = self.model.fit_loss(self.view(labeled.x, self.hparams.augment), labeled.y, self.supervised_loss)
         return StepOutput(loss, {"loss/supervised": loss.detach()})

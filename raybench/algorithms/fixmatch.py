@@ -30,6 +30,7 @@ class FixMatch(Algorithm):
     Hparams = FixMatchHparams
     uses_unlabeled = True
     supported_tasks = frozenset({TaskKind.CLASSIFICATION})
+    requires = frozenset({"strong_augmentation"})
 
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         assert unlabeled is not None, "FixMatch needs an unlabeled batch"

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext, StepOutput
 from raybench.algorithms.registry import register
-from raybench.data.base import Batch, TaskKind
+from raybench.algorithms.pseudo_targets import hard_targets
+from raybench.data.base import Batch, TaskKind, move_to
 from raybench.models.base import FeaturizerHead
 
 
@@ -28,8 +28,10 @@ class NoisyStudent(Algorithm):
 
     Each of `iterations` rounds: the teacher labels the whole unlabeled split once (weak view, hard
     labels); a freshly initialised student f -> Dropout(0.5) -> g minimises
-        CE(h(A_strong(x_l)), y_l) + CE(h(A_strong(x_u)), teacher(x_u)),
-    labeled and unlabeled batches in separate forward passes (separate batch norm). The best student
+        L(h(A_strong(x_l)), y_l) + L(h(A_strong(x_u)), teacher(x_u)),
+    L the task's loss (CE; masked BCE on 1[p > 0.5] for multi-label; MSE on the teacher's value for
+    regression; the detector's own losses on its boxes scoring >= 0.5, see pseudo_targets.py), labeled and
+    unlabeled batches in separate forward passes (separate batch norm). The best student
     becomes the next round's teacher. The first teacher is read from `teacher_checkpoint`, or, when none
     is given, trained first by the trainer as ERM with strong augmentation; which one was used is logged
     as `teacher_source`.
@@ -37,19 +39,19 @@ class NoisyStudent(Algorithm):
 
     Hparams = NoisyStudentHparams
     uses_unlabeled = True
-    supported_tasks = frozenset({TaskKind.CLASSIFICATION})
+    supported_tasks = frozenset(TaskKind)  # hard targets per task: raybench.algorithms.pseudo_targets
 
     def __init__(self, model: FeaturizerHead, hparams: NoisyStudentHparams, context: AlgorithmContext) -> None:
         super().__init__(model, hparams, context)
         if not isinstance(model.head, nn.Sequential) or not isinstance(model.head[0], nn.Dropout):
             model.head = nn.Sequential(nn.Dropout(hparams.dropout), model.head)
-        self.pseudo_labels = torch.empty(0, dtype=torch.long)
+        self.pseudo_labels: Any = torch.empty(0, dtype=torch.long)
 
-    def get_extra_state(self) -> dict[str, Tensor]:
+    def get_extra_state(self) -> dict[str, Any]:
         """The teacher's labels are part of a resumable checkpoint (their size is only known at run time)."""
         return {"pseudo_labels": self.pseudo_labels}
 
-    def set_extra_state(self, state: dict[str, Tensor]) -> None:
+    def set_extra_state(self, state: dict[str, Any]) -> None:
         self.pseudo_labels = state["pseudo_labels"]
 
     @property
@@ -67,14 +69,13 @@ class NoisyStudent(Algorithm):
         else:
             teacher, source = context.train_teacher()
         outputs = context.predict(teacher, context.unlabeled, self.context.views.weak)
-        self.pseudo_labels = outputs.argmax(dim=-1)
+        self.pseudo_labels = hard_targets(outputs, self.context.task.kind)
         return {f"round_{context.round}/teacher_source": source}
 
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         assert unlabeled is not None, "Noisy Student needs an unlabeled batch"
-        supervised = self.supervised_loss(self.model(self.view(labeled.x, self.hparams.augment)), labeled.y)
-        targets: Tensor = self.pseudo_labels[unlabeled.index].to(unlabeled.x.device)
-        student = self.model(self.view(unlabeled.x, self.hparams.augment))
-        unsupervised = F.cross_entropy(student, targets)
+        supervised = self.model.fit_loss(self.view(labeled.x, self.hparams.augment), labeled.y, self.supervised_loss)
+        targets = move_to(self.pseudo_labels[unlabeled.index], unlabeled.domain.device)
+        unsupervised = self.model.fit_loss(self.view(unlabeled.x, self.hparams.augment), targets, self.supervised_loss)
         loss = supervised + unsupervised
         return StepOutput(loss, {"loss/supervised": supervised.detach(), "loss/pseudo": unsupervised.detach()})

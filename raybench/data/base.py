@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -25,6 +25,7 @@ class TaskKind(str, Enum):
     CLASSIFICATION = "classification"
     REGRESSION = "regression"
     MULTILABEL = "multilabel"
+    DETECTION = "detection"
 
 
 @dataclass(frozen=True)
@@ -69,38 +70,104 @@ class TrainDefaults:
     grad_clip: Optional[float] = None
     # Per-algorithm hyperparameter defaults of this dataset (WILDS keeps e.g. DANN's lambda per dataset).
     algorithm_hparams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The paper's sweep (WILDS 2.0 App. D): MAX_BS, the largest total batch (search spaces use it through
+    # `batch_size: {rule: max_batch_size}`), an lr centre where it is not scaled from `lr` (ogb-molpcba),
+    # and how many seeds the selected config is replicated over.
+    max_batch_size: Optional[int] = None
+    lr_center: Optional[float] = None
+    replicates: Optional[int] = None
+    # A metadata key ("y") to draw balanced labeled batches by, for algorithms without a sampler of their own.
+    balance_labeled_by: Optional[str] = None
+
+
+class LazyInputs(Protocol):
+    """Inputs read on demand (images on disk, texts, graphs): indexing by a tensor of example ids or a
+    slice returns the collated batch the model takes (a tensor, a list of strings, a PyG batch ...)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: Union[Tensor, slice]) -> Any: ...
+
+
+class Records:
+    """Per-example targets that are not one tensor (detection boxes): indexing gives a list of records."""
+
+    def __init__(self, items: Sequence[Any]) -> None:
+        self.items = list(items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: Union[Tensor, slice, int]) -> Any:
+        if isinstance(index, (slice, int)):
+            return self.items[index]
+        return [self.items[int(i)] for i in index]
+
+
+Inputs = Union[Tensor, LazyInputs]
+Targets = Union[Tensor, Records]
+
+
+def move_to(value: Any, device: torch.device) -> Any:
+    """A batch component on `device`: tensors and anything with `.to` (PyG batches), inside lists and dicts."""
+    if isinstance(value, Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: move_to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(move_to(v, device) for v in value)
+    if hasattr(value, "to") and not isinstance(value, str):
+        return value.to(device)
+    return value
+
+
+def concat_inputs(first: Any, second: Any) -> Any:
+    """Two input batches as one, for a joint forward pass (shared batch norm): tensors, texts or graphs."""
+    if isinstance(first, Tensor):
+        return torch.cat([first, second])
+    if isinstance(first, list):
+        return first + second
+    if hasattr(first, "to_data_list"):  # a PyG batch of graphs
+        from torch_geometric.data import Batch as GraphBatch
+
+        return GraphBatch.from_data_list(first.to_data_list() + second.to_data_list())
+    raise TypeError(f"cannot join input batches of type {type(first).__name__}")
 
 
 @dataclass
 class Batch:
-    """A batch of examples; `index` points back into its split so per-example state can be kept."""
+    """A batch of examples; `index` points back into its split so per-example state can be kept.
 
-    x: Tensor
-    y: Optional[Tensor]
+    `x` is whatever the model takes (an image tensor, a list of strings, a PyG batch, a list of images) and
+    `y` a target tensor or, for detection, a list of {boxes, labels} records.
+    """
+
+    x: Any
+    y: Any
     domain: Tensor
     group: Tensor
     index: Tensor
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(
-            x=self.x.to(device, non_blocking=True),
-            y=None if self.y is None else self.y.to(device, non_blocking=True),
+            x=move_to(self.x, device),
+            y=None if self.y is None else move_to(self.y, device),
             domain=self.domain.to(device, non_blocking=True),
             group=self.group.to(device, non_blocking=True),
             index=self.index,
         )
 
     def __len__(self) -> int:
-        return int(self.x.shape[0])
+        return int(self.index.shape[0])
 
 
 @dataclass
 class Split:
-    """One split held in memory as tensors; `y` is None for unlabeled splits."""
+    """One split: inputs in memory (a tensor) or read on demand (`LazyInputs`); `y` is None when unlabeled."""
 
     name: str
-    x: Tensor
-    y: Optional[Tensor]
+    x: Inputs
+    y: Optional[Targets]
     domain: Tensor
     group: Tensor
 
@@ -115,7 +182,7 @@ class Split:
         return self.y is not None
 
     def __len__(self) -> int:
-        return int(self.x.shape[0])
+        return len(self.x)
 
     def take(self, index: Tensor) -> Batch:
         return Batch(
@@ -145,6 +212,10 @@ class ShiftDataset:
     # Names of the group ids (empty: groups are the domains). Group-robustness datasets (SpuCo) use
     # group = class * n_domains + domain, the domain being the spurious attribute.
     group_names: tuple[str, ...] = ()
+    # What algorithms may rely on: "strong_augmentation" (RandAugment-style views exist) and "features"
+    # (the model has a feature vector to align: CORAL, DANN). Text, graphs and detection lack the first;
+    # a detector lacks the second.
+    capabilities: frozenset[str] = frozenset({"strong_augmentation", "features"})
 
     def __post_init__(self) -> None:
         known = set(LABELED_SPLITS) | set(UNLABELED_SPLITS)
@@ -162,6 +233,12 @@ class ShiftDataset:
     @property
     def n_groups(self) -> int:
         return len(self.group_names) or self.n_domains
+
+    def at_input_size(self, size: int) -> "ShiftDataset":
+        """The same data with images read at `size` x `size` (`--set input_size=N`); generated datasets are fixed."""
+        if size == self.input_shape[-1] and len(self.input_shape) == 3:
+            return self
+        raise ValueError(f"dataset {self.name!r} has a fixed input size {self.input_shape}")
 
     def split(self, name: str) -> Split:
         if name not in self.splits:

@@ -6,7 +6,7 @@ before the head, and DFR-style methods retrain only the head.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +23,14 @@ class FeaturizerHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.featurizer(x))
+
+    def fit_loss(self, x: object, y: object, criterion: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        """The training loss on inputs `x` with targets `y`.
+
+        Most models are scored from their outputs by the task's criterion; a detector overrides this with
+        its own losses (Faster R-CNN's RPN and box losses need the targets inside the forward pass).
+        """
+        return criterion(self(x), y)  # type: ignore[arg-type]
 
 
 def load_local_weights(module: nn.Module, path: Optional[Path]) -> None:

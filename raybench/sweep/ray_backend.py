@@ -69,10 +69,13 @@ class RunSpec:
 
 
 # ----- connecting -----------------------------------------------------------------------------------
-def connect(address: Optional[str], driver_slots: int) -> None:
-    """Join a cluster (`address`) or start a private local one; make sure trial drivers can be placed."""
+def connect(address: Optional[str], driver_slots: int) -> bool:
+    """Join a cluster (`address`) or start a private local one; make sure trial drivers can be placed.
+
+    Returns whether this call connected (so the caller disconnects again); False when Ray was already up.
+    """
     if ray.is_initialized():
-        return
+        return False
     if address:
         ray.init(address=address, log_to_driver=False)
         if ray.cluster_resources().get(DRIVER_RESOURCE, 0) < 1:
@@ -80,9 +83,10 @@ def connect(address: Optional[str], driver_slots: int) -> None:
                 f"the Ray cluster at {address} has no '{DRIVER_RESOURCE}' resource for trial drivers; start the head "
                 f"with --resources='{{\"{DRIVER_RESOURCE}\": 8}}' (cluster/local-up.sh does) or use --executor function"
             )
-        return
+        return True
     ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1)}, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
+    return True
 
 
 def shutdown() -> None:

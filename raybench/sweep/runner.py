@@ -31,7 +31,7 @@ class SweepOptions:
     space: str
     dataset: str = "digits-shift"
     trials: Optional[int] = None  # None: 10, or 2 with smoke
-    replicates: Optional[int] = None  # None: 3, or 2 with smoke
+    replicates: Optional[int] = None  # None: the dataset's count (3 unless it says), or 2 with smoke
     seed: int = 0
     sampler: str = "random"
     max_concurrent: int = 2
@@ -75,7 +75,8 @@ def prepare(options: SweepOptions) -> Prepared:
     selection = SELECTIONS.get(options.selection)
     metric = selection.metric(dataset)
     trials = options.trials if options.trials is not None else (2 if options.smoke else 10)
-    replicates = options.replicates if options.replicates is not None else (2 if options.smoke else 3)
+    default_replicates = 2 if options.smoke else (dataset.defaults.replicates or 3)  # camelyon17: 10, as the paper
+    replicates = options.replicates if options.replicates is not None else default_replicates
     options = dataclasses.replace(options, trials=trials, replicates=replicates)
     resolved = space.for_dataset(dataset)
     smoke = SMOKE_FIXED if options.smoke else {}
@@ -111,8 +112,9 @@ def run_sweep(prepared: Prepared) -> dict[str, Any]:
     tags = base_tags(opts.dataset, prepared.algorithm)
     tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags)
     started = time.time()
+    connected = False
     try:
-        backend.connect(opts.address, driver_slots=max(opts.max_concurrent, 1) * 2)
+        connected = backend.connect(opts.address, driver_slots=max(opts.max_concurrent, 1) * 2)
         resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker, opts.max_failures)
 
         def spec(stage: str) -> Any:
@@ -134,6 +136,9 @@ def run_sweep(prepared: Prepared) -> dict[str, Any]:
     except BaseException as err:
         tracker.end_sweep("FAILED" if not isinstance(err, KeyboardInterrupt) else "KILLED", note=str(err))
         raise
+    finally:
+        if connected:  # a library caller may run several sweeps in one process: leave Ray as found
+            backend.shutdown()
     tracker.end_sweep("FINISHED")
     return summary
 

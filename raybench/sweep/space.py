@@ -24,7 +24,9 @@ from raybench.trainer import ConfigError, TrainConfig
 TOP_KEYS = {"algorithm", "description", "search", "fixed", "derived", "datasets"}
 OVERRIDE_KEYS = {"search", "fixed", "derived"}
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "lr")
-DERIVED_RULES = ("ratio_epochs",)
+# ratio_epochs: epochs = ceil(factor * E / (k + 1)); max_batch_size: the dataset's MAX_BS (App. D), else its
+# default batch size. The second depends on the dataset only, so it is fixed when the space is bound.
+DERIVED_RULES = ("ratio_epochs", "max_batch_size")
 SEARCH_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
@@ -49,7 +51,7 @@ class Param:
 
 @dataclass(frozen=True)
 class Derived:
-    """A value computed from sampled ones; `ratio_epochs`: epochs = ceil(factor * E / (k + 1))."""
+    """A value computed from sampled ones or from the dataset (see DERIVED_RULES)."""
 
     name: str
     rule: str
@@ -72,8 +74,11 @@ class SearchSpace:
         search = {**self.search, **override.get("search", {})}
         fixed = {**self.fixed, **override.get("fixed", {})}
         derived = {**self.derived, **override.get("derived", {})}
+        for name in [n for n, rule in derived.items() if rule.rule == "max_batch_size"]:
+            fixed.setdefault(name, dataset.defaults.max_batch_size or dataset.defaults.batch_size)
+            del derived[name]
         base = TrainConfig.from_flat({"dataset": dataset.name, "algorithm": self.algorithm, **fixed}).resolve(dataset)
-        center = base.lr * (base.batch_size * base.grad_accum) / dataset.defaults.batch_size
+        center = dataset.defaults.lr_center or base.lr * (base.batch_size * base.grad_accum) / dataset.defaults.batch_size
         concrete = {name: _concrete(p, center) for name, p in search.items()}
         return ResolvedSpace(self.algorithm, dataset.name, concrete, fixed, derived, dataset.defaults.epochs, center)
 

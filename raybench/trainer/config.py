@@ -51,6 +51,7 @@ class TrainConfig:
     stage_cache: Optional[str] = None
     device: str = "auto"
     eval_batch_size: int = 512
+    input_size: Optional[int] = None  # images read and models built at N x N (WILDS datasets); None: the dataset's
     hparams: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -91,6 +92,7 @@ class TrainConfig:
             "patience": (self.patience, lambda v: v >= 1, "an integer >= 1"),
             "max_steps_per_epoch": (self.max_steps_per_epoch, lambda v: v >= 1, "an integer >= 1"),
             "eval_batch_size": (self.eval_batch_size, lambda v: v >= 1, "an integer >= 1"),
+            "input_size": (self.input_size, lambda v: v >= 8, "an integer >= 8"),
             "grad_clip": (self.grad_clip, lambda v: v > 0, "a positive number"),
             "device": (self.device, lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "auto, cpu or cuda[:N]"),
         }
@@ -128,13 +130,24 @@ class TrainConfig:
         }
         if self.selection_metric is None:
             filled["selection_metric"] = dataset.selection_metric
-        hparams = {**defaults.algorithm_hparams.get(self.algorithm, {}), **self.hparams}
+        hparams = {**_augment_default(self.algorithm, dataset), **defaults.algorithm_hparams.get(self.algorithm, {}),
+                   **self.hparams}
         resolved = dataclasses.replace(self, **filled, hparams=hparams)
         resolved.validate()
         resolved.check_against(dataset)
         return resolved
 
     def check_against(self, dataset: ShiftDataset) -> None:
+        algorithm = ALGORITHMS.get(self.algorithm)
+        reason = algorithm.inapplicable_reason(algorithm.Hparams.from_dict(self.hparams, self.algorithm),
+                                               dataset.task.kind, dataset.capabilities)
+        if reason:
+            raise ConfigError("algorithm", f"{self.algorithm!r} cannot run on {dataset.name!r}: {reason}")
+        if self.input_size is not None:
+            try:
+                dataset.at_input_size(self.input_size)
+            except ValueError as err:
+                raise ConfigError("input_size", str(err)) from None
         if self.model not in MODELS:
             raise ConfigError("model", f"expected one of {', '.join(MODELS.names())}, got {self.model!r}")
         split, _, metric = (self.selection_metric or "").partition("/")
@@ -153,3 +166,12 @@ class TrainConfig:
         k = self.unlabeled_ratio
         unlabeled = int(k / (k + 1) * self.batch_size)
         return self.batch_size - unlabeled, unlabeled
+
+
+def _augment_default(algorithm: str, dataset: ShiftDataset) -> dict[str, Any]:
+    """Where a dataset has no strong augmentation (text, graphs, detection), an algorithm's `augment`
+    defaults to off, as in the paper; asking for it explicitly is still an error (check_against)."""
+    fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(algorithm).Hparams)}
+    if "augment" in fields and "strong_augmentation" not in dataset.capabilities:
+        return {"augment": False}
+    return {}

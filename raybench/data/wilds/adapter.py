@@ -1,0 +1,311 @@
+"""The eight WILDS 2.0 datasets as `ShiftDataset`s, read through the `wilds` package's own loaders.
+
+`wilds.get_dataset(name, root_dir=..., download=False)` (and `unlabeled=True`) does the reading; this
+module only maps its subsets onto raybench's split names, turns metadata into domain ids, reads
+examples on demand (a thread pool decodes images), and scores predictions with the dataset's own
+`eval`, so every number matches the WILDS leaderboard's definition. Everything per dataset comes from
+datasets.yaml; what differs between input kinds (images, 8-band arrays, text, graphs, detection) is
+one `InputKind` record each.
+
+Data lives under the WILDS root: `$RAYBENCH_WILDS_ROOT`, else `<data dir>/wilds` (`--set data_dir=...`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from raybench.data.augment import ImageViews, cutout, random_flip, random_shift_crop
+from raybench.data.base import (
+    LABELED_SPLITS, UNLABELED_SPLITS, Records, ShiftDataset, Split, Task, TaskKind, Views,
+)
+from raybench.data.wilds import compat
+from raybench.data.wilds.spec import WildsSpec, load_specs
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+ROOT_ENV = "RAYBENCH_WILDS_ROOT"
+
+
+def wilds_root(data_dir: Optional[Path]) -> Path:
+    """Where the WILDS folders (`camelyon17_v1.0`, ...) live: `$RAYBENCH_WILDS_ROOT`, else `<data dir>/wilds`."""
+    if os.environ.get(ROOT_ENV):
+        return Path(os.environ[ROOT_ENV]).expanduser()
+    from raybench.data import default_data_dir
+    return Path(data_dir or default_data_dir()) / "wilds"
+
+
+# ----- input kinds ------------------------------------------------------------------------------
+def _identity(x: Any) -> Any:
+    return x
+
+
+IDENTITY_VIEWS = Views(plain=_identity, weak=_identity, strong=_identity)
+
+
+def _read_image(size: tuple[int, int], raw: Any) -> Tensor:
+    """A PIL image as uint8 (3, H, W) at the dataset's resolution (WILDS resizes iWildCam to 448 x 448)."""
+    from torchvision.transforms.v2 import functional as TF
+
+    image = raw.convert("RGB")
+    if image.size != (size[1], size[0]):
+        image = image.resize((size[1], size[0]))
+    return TF.pil_to_tensor(image)
+
+
+def _resize_array(x: Tensor, size: tuple[int, ...]) -> Tensor:
+    """An 8-band (C, H, W) array at the model's size (only when `input_size` asks for another one)."""
+    if tuple(x.shape[1:]) == tuple(size):
+        return x
+    return torch.nn.functional.interpolate(x[None], size=tuple(size), mode="bilinear", antialias=True)[0]
+
+
+def _read_detection_image(raw: Any) -> Tensor:
+    """A PIL image as float (3, H, W) in [0, 1]; Faster R-CNN resizes and normalises it itself."""
+    from torchvision.transforms.v2 import functional as TF
+
+    return TF.to_dtype(TF.pil_to_tensor(raw.convert("RGB")), torch.float32, scale=True)
+
+
+def _normalize_images(images: list[Tensor]) -> list[Tensor]:
+    """ImageNet statistics per image, as WILDS' GlobalWheat transform (the detector itself does not normalise)."""
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    return [(image - mean.to(image.device)) / std.to(image.device) for image in images]
+
+
+# WILDS 2.0 trains GlobalWheat without augmentation, so all three views are the plain one.
+DETECTION_VIEWS = Views(plain=_normalize_images, weak=_normalize_images, strong=_normalize_images)
+
+
+def _collate_graphs(graphs: list[Any]) -> Any:
+    from torch_geometric.data import Batch as GraphBatch
+
+    return GraphBatch.from_data_list(graphs)
+
+
+class MultispectralViews:
+    """Views for 8-band satellite arrays (already normalised floats): flips and shifts; strong adds Cutout
+    and a per-example brightness/contrast jitter of the RGB bands, as WILDS' PovertyMap augmentation."""
+
+    def __init__(self, crop_pad: int, cutout_size: int) -> None:
+        self.crop_pad, self.cutout_size = crop_pad, cutout_size
+
+    def weak(self, x: Tensor) -> Tensor:
+        return random_flip(random_shift_crop(x, self.crop_pad))
+
+    def strong(self, x: Tensor) -> Tensor:
+        x = self.weak(x).clone()
+        n = x.shape[0]
+        brightness = (torch.rand(n, 1, 1, 1, device=x.device) - 0.5) * 1.6
+        contrast = 0.25 + torch.rand(n, 1, 1, 1, device=x.device) * 1.5
+        rgb = x[:, :3]
+        mean = rgb.mean(dim=(1, 2, 3), keepdim=True)
+        x[:, :3] = (rgb - mean) * contrast + mean + brightness
+        return cutout(x, self.cutout_size)
+
+    def as_views(self) -> Views:
+        return Views(plain=_identity, weak=self.weak, strong=self.strong)
+
+
+@dataclass(frozen=True)
+class InputKind:
+    """How one kind of example is read, batched and augmented, and what that lets algorithms rely on."""
+
+    read: Callable[[WildsSpec, Any], Any]
+    collate: Callable[[list[Any]], Any]
+    views: Callable[[WildsSpec], Views]
+    capabilities: frozenset[str]
+
+
+INPUT_KINDS: dict[str, InputKind] = {
+    "image": InputKind(
+        read=lambda spec, raw: _read_image(spec.input_shape[1:], raw), collate=torch.stack,
+        views=lambda spec: ImageViews(IMAGENET_MEAN, IMAGENET_STD, spec.crop_pad, True, spec.cutout).as_views(),
+        capabilities=frozenset({"strong_augmentation", "features"})),
+    "multispectral": InputKind(
+        read=lambda spec, raw: _resize_array(raw.float(), spec.input_shape[1:]), collate=torch.stack,
+        views=lambda spec: MultispectralViews(spec.crop_pad, spec.cutout).as_views(),
+        capabilities=frozenset({"strong_augmentation", "features"})),
+    "text": InputKind(read=lambda spec, raw: str(raw), collate=list, views=lambda spec: IDENTITY_VIEWS,
+                      capabilities=frozenset({"features"})),
+    "graph": InputKind(read=lambda spec, raw: raw, collate=_collate_graphs, views=lambda spec: IDENTITY_VIEWS,
+                       capabilities=frozenset({"features"})),
+    "detection": InputKind(read=lambda spec, raw: _read_detection_image(raw), collate=list,
+                           views=lambda spec: DETECTION_VIEWS, capabilities=frozenset()),
+}
+
+# What `eval` of the wilds package expects as y_pred, from raybench's model outputs.
+PREDICTIONS: dict[TaskKind, Callable[[Any], Any]] = {
+    TaskKind.CLASSIFICATION: lambda outputs: outputs.argmax(dim=-1),
+    TaskKind.REGRESSION: lambda outputs: outputs.view(len(outputs), -1),
+    TaskKind.MULTILABEL: _identity,  # ogb's evaluator takes logits
+    TaskKind.DETECTION: _identity,   # a list of {boxes, labels, scores}
+}
+
+
+class WildsInputs:
+    """The inputs of one wilds subset, read on demand: `inputs[ids]` is the collated batch."""
+
+    def __init__(self, dataset: Any, indices: np.ndarray, spec: WildsSpec, workers: int = 8) -> None:
+        self.dataset, self.indices, self.spec = dataset, indices, spec
+        self.kind = INPUT_KINDS[spec.inputs]
+        self.workers = max(1, min(workers, os.cpu_count() or 1))
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: Union[Tensor, slice]) -> Any:
+        ids = self.indices[index] if isinstance(index, slice) else self.indices[np.asarray(index, dtype=np.int64)]
+        examples = list(self._executor().map(self._read, ids))
+        return self.kind.collate(examples)
+
+    def _read(self, idx: Any) -> Any:
+        return self.kind.read(self.spec, self.dataset.get_input(int(idx)))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """Decoding overlaps across threads (PIL and numpy release the GIL); created lazily per process."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=f"raybench-{self.spec.name}")
+        return self._pool
+
+    def resized(self, shape: tuple[int, ...]) -> "WildsInputs":
+        return WildsInputs(self.dataset, self.indices, dataclasses.replace(self.spec, input_shape=shape), self.workers)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+
+# ----- the dataset ------------------------------------------------------------------------------
+@dataclass
+class _EvalData:
+    """What the dataset's own `eval` needs for one split besides the predictions."""
+
+    targets: Any
+    metadata: Tensor
+
+
+@dataclass
+class WildsShiftDataset(ShiftDataset):
+    """A ShiftDataset whose metrics are those of the wilds dataset's `eval`, on the original targets."""
+
+    wilds_dataset: Any = None
+    eval_data: dict[str, _EvalData] = field(default_factory=dict)
+
+    def at_input_size(self, size: int) -> "WildsShiftDataset":
+        """Images read and models built at `size` x `size` (e.g. globalwheat below 1024 px for a quick look)."""
+        if len(self.input_shape) != 3:
+            raise ValueError(f"dataset {self.name!r} has no image size to change (input {self.input_shape})")
+        shape = (self.input_shape[0], size, size)
+        splits = {name: dataclasses.replace(split, x=split.x.resized(shape)) for name, split in self.splits.items()}
+        return dataclasses.replace(self, input_shape=shape, splits=splits)
+
+    def evaluate(self, split_name: str, outputs: Any, split: Split) -> dict[str, float]:
+        data = self.eval_data[split_name]
+        predictions = PREDICTIONS[self.task.kind](outputs)
+        results, _ = self.wilds_dataset.eval(predictions, data.targets, data.metadata)
+        return {f"{split_name}/{key}": float(value) for key, value in results.items() if _is_number(value)}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number)) or (isinstance(value, Tensor) and value.numel() == 1)
+
+
+def _via_eval(outputs: Tensor, y: Tensor, group: Tensor) -> float:
+    raise TypeError("WILDS metrics are computed by the dataset's own eval (WildsShiftDataset.evaluate)")
+
+
+def load_wilds(name: str, root: Path, unlabeled: bool) -> Any:
+    """The wilds dataset object, never downloading; missing files raise FileNotFoundError naming them."""
+    compat.apply()
+    import wilds
+
+    if not root.is_dir():
+        raise compat.MissingDataError(f"WILDS root {str(root)!r} does not exist (set {ROOT_ENV} or data_dir)")
+    return wilds.get_dataset(name, unlabeled=unlabeled, root_dir=str(root), download=False)
+
+
+def domain_ids(datasets: list[Any], fields: tuple[str, ...]) -> tuple[list[Tensor], tuple[str, ...]]:
+    """Joint domain ids over the labeled and unlabeled datasets: each distinct combination of `fields`.
+
+    A field an unlabeled dataset lacks (CivilComments' `y`) counts as the value -1 there.
+    """
+    columns = []
+    for dataset in datasets:
+        meta = dataset.metadata_array
+        cols = [meta[:, dataset.metadata_fields.index(f)].long() if f in dataset.metadata_fields
+                else torch.full((len(meta),), -1, dtype=torch.long) for f in fields]
+        columns.append(torch.stack(cols, dim=1))
+    combos, inverse = torch.unique(torch.cat(columns), dim=0, return_inverse=True)
+    names = tuple(",".join(f"{f}={int(v)}" for f, v in zip(fields, row)) for row in combos)
+    return list(torch.split(inverse, [len(c) for c in columns])), names
+
+
+def _targets(dataset: Any, indices: np.ndarray, task: TaskKind) -> tuple[Any, Any]:
+    """(training targets, eval targets) of a subset: regression trains on a flat vector."""
+    y = dataset.y_array
+    if isinstance(y, list):
+        items = [y[int(i)] for i in indices]
+        return Records(items), items
+    original = y[torch.as_tensor(indices)]
+    return (original.view(-1).float() if task is TaskKind.REGRESSION else original), original
+
+
+def build_wilds(spec: WildsSpec, data_dir: Path, seed: int) -> WildsShiftDataset:
+    root = wilds_root(data_dir)
+    labeled = load_wilds(spec.name, root, unlabeled=False)
+    info = {"root": str(root)}
+    try:
+        unlabeled = load_wilds(spec.name, root, unlabeled=True)
+    except FileNotFoundError as err:  # ERM and friends need no unlabeled data; say why it is absent
+        unlabeled, info["unlabeled"] = None, f"not loaded: {err}"
+    sources = [labeled] + ([unlabeled] if unlabeled is not None else [])
+    domains, domain_names = domain_ids(sources, spec.domain_fields)
+    splits: dict[str, Split] = {}
+    eval_data: dict[str, _EvalData] = {}
+    for dataset, domain, names in ((labeled, domains[0], LABELED_SPLITS),
+                                   (unlabeled, domains[-1], UNLABELED_SPLITS)):
+        if dataset is None:
+            continue
+        for split in (s for s in names if s in dataset.split_dict):
+            indices = np.flatnonzero(np.asarray(dataset.split_array) == dataset.split_dict[split])
+            if len(indices) == 0:
+                continue
+            d = domain[torch.as_tensor(indices)]
+            y = None
+            if split in LABELED_SPLITS:
+                y, eval_targets = _targets(dataset, indices, spec.task)
+                eval_data[split] = _EvalData(eval_targets, dataset.metadata_array[torch.as_tensor(indices)])
+            splits[split] = Split(split, WildsInputs(dataset, indices, spec), y, d, d.clone())
+    kind = INPUT_KINDS[spec.inputs]
+    return WildsShiftDataset(
+        name=spec.name, task=Task(spec.task, spec.n_outputs), splits=splits,
+        metrics={m: _via_eval for m in dict.fromkeys((*spec.metrics, spec.selection))}, selection_metric=f"val/{spec.selection}", defaults=spec.defaults,
+        views=kind.views(spec), domain_names=domain_names, input_shape=spec.input_shape,
+        description=f"WILDS {spec.name} (wilds {_wilds_version()}), read from {root}", info=info,
+        capabilities=kind.capabilities, wilds_dataset=labeled, eval_data=eval_data,
+    )
+
+
+def _wilds_version() -> str:
+    import wilds
+    return str(wilds.__version__)
+
+
+SPECS: dict[str, WildsSpec] = load_specs()
+
+
+def register_all() -> None:
+    from raybench.data import DATASETS
+
+    for name, spec in SPECS.items():
+        DATASETS.register(name)(partial(build_wilds, spec))

