@@ -46,7 +46,7 @@ def test_an_existing_sweep_is_not_overwritten_without_resume(tmp_path):
     [
         (["sweep", "erm", "--set", "penalty=1"], "--set penalty: not a setting of the trainer nor a hyperparameter of 'erm'"),
         (["sweep", "erm", "--set", "lr=fast"], "--set lr: expected float, got 'fast'"),
-        (["sweep", "erm", "--dataset", "nope"], "unknown dataset 'nope'; known: digits-shift"),
+        (["sweep", "erm", "--dataset", "nope"], "unknown dataset 'nope'; known: amazon, camelyon17"),
         (["sweep", "erm", "--trials", "0"], "--trials: expected an integer >= 1, got 0"),
         (["sweep", "erm", "--gpus-per-worker", "-1"], "--gpus-per-worker: expected a number >= 0, got -1.0"),
     ],

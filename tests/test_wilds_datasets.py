@@ -36,7 +36,7 @@ QUICK = {
     "iwildcam": {"input_size": 64},
     "fmow": {"input_size": 64},
     "poverty": {"input_size": 32},
-    "globalwheat": {"input_size": 64},
+    "globalwheat": {"input_size": 32},
     "ogb-molpcba": {},
     "civilcomments": {"model_weights": str(MINILM)},
     "amazon": {"model_weights": str(MINILM)},
@@ -208,3 +208,69 @@ def test_one_trial_smoke_sweep(name, local_ray, tmp_path):
     for split in ("val", "test"):  # every headline metric of the paper, from the dataset's own eval
         for metric in SPECS[name].metrics:
             assert math.isfinite(trial["metrics"][f"best/{split}/{metric}"])
+
+
+# ----- the paper's search spaces (App. D) bound to each dataset -----------------------------------
+def _bound(space: str, name: str):
+    from raybench.sweep.space import load_space
+
+    return load_space(space).for_dataset(load_dataset(name))
+
+
+def test_search_spaces_carry_the_papers_numbers(wilds_env):
+    dann = _bound("dann", "camelyon17")  # MAX_BS 168, accumulation 4, default lr 1e-3 at batch 32
+    assert dann.fixed["batch_size"] == 168 and dann.fixed["grad_accum"] == 4
+    assert math.isclose(dann.lr_center, 1e-3 * 168 * 4 / 32)
+    low, high = dann.search["classifier_lr"].low, dann.search["classifier_lr"].high
+    assert math.isclose(low, dann.lr_center / 10) and math.isclose(high, dann.lr_center * 10)
+    config = dann.materialize({"classifier_lr": 0.02, "discriminator_lr": 0.01, "unlabeled_ratio": 7, "penalty": 1.0})
+    assert config["epochs"] == math.ceil(2 * 10 / 8)
+    resolved = TrainConfig.from_flat(config).resolve(load_dataset("camelyon17"))
+    assert resolved.hparams["featurizer_lr"] is None  # classifier lr / 10, not the single-run default 1e-4
+
+    ogb = _bound("erm", "ogb-molpcba")  # r = 10 x default lr, not scaled by MAX_BS 4096
+    assert ogb.fixed["batch_size"] == 4096 and math.isclose(ogb.lr_center, 1e-2)
+    civil = _bound("erm", "civilcomments")  # ERM: no accumulation
+    assert civil.fixed["batch_size"] == 48 and math.isclose(civil.lr_center, 1e-5 * 48 / 16)
+    student = _bound("noisy_student", "camelyon17").materialize({"lr": 0.01, "unlabeled_ratio": 3})
+    assert student["epochs"] == math.ceil(10 / 4) and "dropout" not in student
+
+
+def test_replicates_default_to_the_papers_count_per_dataset(wilds_env):
+    from raybench.sweep.runner import SweepOptions, prepare
+
+    prepared = prepare(SweepOptions(space="erm", dataset="camelyon17", storage=str(wilds_env / "runs")))
+    assert prepared.options.replicates == 10
+
+
+# ----- the algorithms the paper adapted beyond classification, one step each ------------------------
+@pytest.mark.parametrize("name, algorithm", [
+    ("globalwheat", "pseudolabel"), ("globalwheat", "noisy_student"),   # boxes as pseudo-labels
+    ("ogb-molpcba", "pseudolabel"), ("ogb-molpcba", "noisy_student"),   # per-task binary pseudo-labels
+    ("poverty", "noisy_student"), ("poverty", "dann"),                  # regression: the teacher's values
+    ("amazon", "pseudolabel"), ("ogb-molpcba", "coral"),                # joint text / graph batches
+])
+def test_unlabeled_methods_train_on_every_task(name, algorithm, wilds_env):
+    extra = {"iterations": 1} if algorithm == "noisy_student" else {}
+    result = Trainer(quick_config(name, algorithm, batch_size=8, unlabeled_ratio=1, **extra)).fit()
+    assert math.isfinite(result.final_metrics["train/loss/total"])
+    assert math.isfinite(result.final_metrics[f"val/{SPECS[name].selection}"])
+
+
+def test_an_unlabeled_method_without_unlabeled_data_says_why(wilds_env, tmp_path, monkeypatch):
+    root = write_all(tmp_path / "wilds")
+    shutil.rmtree(root / "civilcomments_unlabeled_v1.0")
+    monkeypatch.setenv("RAYBENCH_WILDS_ROOT", str(root))
+    dataset = load_dataset("civilcomments")
+    with pytest.raises(ConfigError, match="unlabeled data not loaded") as err:
+        TrainConfig.from_flat({"dataset": "civilcomments", "algorithm": "pseudolabel"}).resolve(dataset)
+    assert err.value.key == "unlabeled_split"
+
+
+def test_a_sweep_without_the_text_models_weights_stops_before_ray(wilds_env, tmp_path, capsys):
+    from raybench.cli import main
+
+    assert main(["sweep", "erm", "--dataset", "amazon", "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raybench: error: --set model_weights:") and "folder with config.json" in err
+    assert not (tmp_path / "runs").exists()

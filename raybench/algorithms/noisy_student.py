@@ -43,7 +43,8 @@ class NoisyStudent(Algorithm):
 
     def __init__(self, model: FeaturizerHead, hparams: NoisyStudentHparams, context: AlgorithmContext) -> None:
         super().__init__(model, hparams, context)
-        if not isinstance(model.head, nn.Sequential) or not isinstance(model.head[0], nn.Dropout):
+        wrapped = isinstance(model.head, nn.Sequential) and isinstance(model.head[0], nn.Dropout)
+        if hparams.dropout > 0 and not wrapped:  # no dropout (ogb-molpcba, globalwheat): the model stays as built
             model.head = nn.Sequential(nn.Dropout(hparams.dropout), model.head)
         self.pseudo_labels: Any = torch.empty(0, dtype=torch.long)
 

@@ -127,10 +127,13 @@ def concat_inputs(first: Any, second: Any) -> Any:
         return torch.cat([first, second])
     if isinstance(first, list):
         return first + second
-    if hasattr(first, "to_data_list"):  # a PyG batch of graphs
+    if hasattr(first, "to_data_list"):  # a PyG batch of graphs; labels (unlabeled graphs have none) are dropped
         from torch_geometric.data import Batch as GraphBatch
 
-        return GraphBatch.from_data_list(first.to_data_list() + second.to_data_list())
+        graphs = first.to_data_list() + second.to_data_list()
+        shared = set(graphs[0].keys()).intersection(*(g.keys() for g in graphs[1:]))
+        unshared = set().union(*(g.keys() for g in graphs)) - shared
+        return GraphBatch.from_data_list(graphs, exclude_keys=sorted(unshared | {"y"}))
     raise TypeError(f"cannot join input batches of type {type(first).__name__}")
 
 

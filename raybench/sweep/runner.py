@@ -90,7 +90,8 @@ def prepare(options: SweepOptions) -> Prepared:
                            **overrides})
     from raybench.trainer import TrainConfig
 
-    TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full dry run of a config
+    dry_run = TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full config
+    dry_run.check_model_builds(dataset)
     uri = options.tracking_uri or default_tracking_uri()
     name = options.sweep_name(space.algorithm)
     if not options.resume and any((storage / f"{name}-{stage}").exists() for stage in ("search", "replicate")):

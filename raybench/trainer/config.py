@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from raybench.algorithms import ALGORITHMS
 from raybench.algorithms.base import coerce
 from raybench.data.base import ShiftDataset
-from raybench.models import MODELS
+from raybench.models import MODELS, ModelSpec, build_model
 from raybench.trainer.optim import OPTIMIZERS, SCHEDULES
 
 
@@ -156,7 +157,18 @@ class TrainConfig:
             raise ConfigError("selection_metric", f"expected one of {', '.join(options)}, got {self.selection_metric!r}")
         if ALGORITHMS.get(self.algorithm).uses_unlabeled and self.unlabeled_split not in dataset.splits:
             options = ", ".join(s for s in dataset.splits if not dataset.splits[s].labeled)
-            raise ConfigError("unlabeled_split", f"expected one of {options}, got {self.unlabeled_split!r}")
+            why = f" (unlabeled data {dataset.info['unlabeled']})" if "unlabeled" in dataset.info else ""
+            raise ConfigError("unlabeled_split", f"expected one of {options or '(none)'}, got {self.unlabeled_split!r}{why}")
+
+    def check_model_builds(self, dataset: ShiftDataset) -> None:
+        """Build the model once, reading its weights, so a missing or wrong `model_weights` (e.g. the text
+        datasets' transformers folder) is one line before Ray starts, not a failed trial on a cluster."""
+        shape = dataset.at_input_size(self.input_size).input_shape if self.input_size else dataset.input_shape
+        weights = Path(self.model_weights) if self.model_weights else None
+        try:
+            build_model(str(self.model), ModelSpec(shape, dataset.task.n_outputs, weights))
+        except (ValueError, OSError) as err:
+            raise ConfigError("model_weights", str(err)) from None
 
     def batch_sizes(self, uses_unlabeled: bool) -> tuple[int, int]:
         """(labeled, unlabeled) per batch: unlabeled = int(k/(k+1) B), labeled = B - unlabeled (WILDS 2.0 App. D)."""

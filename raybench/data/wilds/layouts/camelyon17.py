@@ -14,10 +14,11 @@ string operations and compared with one `os.listdir` per patch folder.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 
 import pandas as pd
+
+from raybench.data.wilds.layouts._listing import listdir
 
 LABELED_DIR = "camelyon17_v1.0"
 UNLABELED_DIR = "camelyon17_unlabeled_v1.0"
@@ -54,12 +55,5 @@ def absent(folder: pathlib.Path, directories: pd.Series, paths: pd.Series) -> li
 
     One listing per directory, then a single vectorised membership test."""
     existing = {f"{directory}/{name}" for directory in directories.unique()
-                for name in _listdir(folder / directory)}
+                for name in listdir(folder / directory)}
     return paths[~paths.isin(existing)].drop_duplicates().tolist()
-
-
-def _listdir(directory: pathlib.Path) -> list[str]:
-    try:
-        return os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []

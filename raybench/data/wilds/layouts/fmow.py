@@ -16,11 +16,12 @@ Two metadata columns are read, and the image folder is listed once.
 from __future__ import annotations
 
 import datetime
-import os
 import pathlib
 
 import numpy as np
 import pandas as pd
+
+from raybench.data.wilds.layouts._listing import absent
 
 DATA_DIR = "fmow_v1.1"
 RELEASE = "RELEASE_v1.1.txt"
@@ -55,12 +56,3 @@ def unlabeled_mask(table: pd.DataFrame) -> np.ndarray:
     ood = np.asarray(pd.to_datetime(table["timestamp"]) >= OOD_VAL_START)
     split = table["split"]
     return np.asarray(((split == "seq") & ~ood) | (~split.isin(["val", "test"]) & ood))
-
-
-def absent(directory: pathlib.Path, names: pd.Series) -> list[str]:
-    """The `names` not in `directory`, in order, without repeats: one listing, one membership test."""
-    try:
-        existing = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        existing = []
-    return names[~names.isin(existing)].drop_duplicates().tolist()

@@ -14,10 +14,11 @@ Metadata is read for one column only, and each image folder is listed once.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 
 import pandas as pd
+
+from raybench.data.wilds.layouts._listing import absent
 
 LABELED_DIR = "iwildcam_v2.0"
 UNLABELED_DIR = "iwildcam_unlabeled_v1.0"
@@ -56,12 +57,3 @@ def _read(metadata: pathlib.Path, column: str) -> pd.DataFrame | None:
         return pd.read_csv(metadata, usecols=[column], dtype={column: "str"})
     except (OSError, ValueError):  # absent, empty, malformed or lacking the column
         return None
-
-
-def absent(directory: pathlib.Path, names: pd.Series) -> list[str]:
-    """The `names` not in `directory`, in order, without repeats: one listing, one membership test."""
-    try:
-        existing = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        existing = []
-    return names[~names.isin(existing)].drop_duplicates().tolist()

@@ -15,10 +15,11 @@ folder is listed once.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 
 import pandas as pd
+
+from raybench.data.wilds.layouts._listing import absent
 
 LABELED = ("poverty_v1.1", "RELEASE_v1.1.txt", "dhs_metadata.csv")
 UNLABELED = ("poverty_unlabeled_v1.0", "RELEASE_v1.0.txt", "unlabeled_metadata.csv")
@@ -47,12 +48,3 @@ def row_count(metadata: pathlib.Path) -> int | None:
 def image_names(n_rows: int) -> pd.Series:
     """The loader's `landsat_poverty_img_{idx}.npz`, idx being the row number."""
     return "landsat_poverty_img_" + pd.Series(range(n_rows)).astype(str) + ".npz"
-
-
-def absent(directory: pathlib.Path, names: pd.Series) -> list[str]:
-    """The `names` not in `directory`, in order, without repeats: one listing, one membership test."""
-    try:
-        existing = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        existing = []
-    return names[~names.isin(existing)].drop_duplicates().tolist()
