@@ -177,7 +177,11 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     from raybench.data.wilds.files import check, prepare
 
     root = _root(args)
-    prepare(_wilds_name(args.name), root, unlabeled=not args.labeled_only)
+    try:
+        prepare(_wilds_name(args.name), root, unlabeled=not args.labeled_only)
+    except (OSError, RuntimeError, ValueError) as err:  # no network, disk full, a bad archive
+        raise UsageError(f"data prepare {args.name}: {err}; `raybench data check {args.name} --root {root}` "
+                         f"shows what is on disk (re-running prepare resumes into the same folder)") from None
     print("\n".join(check(args.name, root).lines()))
     return 0
 

@@ -274,3 +274,17 @@ def test_a_sweep_without_the_text_models_weights_stops_before_ray(wilds_env, tmp
     err = capsys.readouterr().err
     assert err.startswith("raybench: error: --set model_weights:") and "folder with config.json" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_failed_download_is_one_line_that_points_at_data_check(tmp_path, capsys, monkeypatch):
+    from raybench.cli import main
+    from raybench.data.wilds import files
+
+    def offline(name, root, unlabeled=True):
+        raise OSError("<urlopen error [Errno -3] Temporary failure in name resolution>")
+
+    monkeypatch.setattr(files, "prepare", offline)  # the real one needs internet; never run in tests
+    assert main(["data", "prepare", "camelyon17", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raybench: error: data prepare camelyon17: <urlopen error") and err.count("\n") == 1
+    assert f"raybench data check camelyon17 --root {tmp_path}" in err

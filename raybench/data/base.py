@@ -249,6 +249,11 @@ class ShiftDataset:
         return self.splits[name]
 
     @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics every evaluation split reports, by name (what selection and result tables refer to)."""
+        return tuple(self.metrics)
+
+    @property
     def eval_splits(self) -> list[str]:
         return [s for s in EVAL_SPLITS if s in self.splits]
 

@@ -33,11 +33,14 @@ class FeaturizerHead(nn.Module):
         return criterion(self(x), y)  # type: ignore[arg-type]
 
 
-def load_local_weights(module: nn.Module, path: Optional[Path]) -> None:
+def load_local_weights(module: nn.Module, path: Optional[Path], resizable: tuple[str, ...] = (),
+                       expected: str = "") -> None:
     """Load a state dict saved with torch.save from a local file; raybench never downloads weights.
 
     Keys of a classifier head that the featurizer no longer has (e.g. torchvision's `fc.*`) are ignored,
-    so an ImageNet checkpoint loads into the headless featurizer.
+    so an ImageNet checkpoint loads into the headless featurizer. Keys under a `resizable` prefix whose
+    shape differs (a COCO detector's 91-class box predictor) keep their fresh initialisation; any other
+    missing key or shape mismatch is an error, `expected` saying what the file should have been.
     """
     if path is None:
         return
@@ -46,7 +49,12 @@ def load_local_weights(module: nn.Module, path: Optional[Path]) -> None:
         raise FileNotFoundError(f"model weights {str(path)!r} do not exist")
     state = torch.load(path, map_location="cpu", weights_only=True)
     own = module.state_dict()
+    hint = f" ({expected})" if expected else ""
     missing = [k for k in own if k not in state]
     if missing:
-        raise ValueError(f"weights {str(path)!r} lack {len(missing)} keys of the model, e.g. {missing[:3]}")
-    module.load_state_dict({k: v for k, v in state.items() if k in own})
+        raise ValueError(f"weights {str(path)!r} lack {len(missing)} keys of the model, e.g. {missing[:3]}{hint}")
+    resized = [k for k in own if state[k].shape != own[k].shape]
+    wrong = [k for k in resized if not k.startswith(resizable)]
+    if wrong:
+        raise ValueError(f"weights {str(path)!r} have other shapes than the model for {wrong[:3]}{hint}")
+    module.load_state_dict({k: state[k] for k in own if k not in resized}, strict=not resized)

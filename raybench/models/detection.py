@@ -20,7 +20,6 @@ losses, which raybench does not run on detection.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -29,7 +28,7 @@ from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from raybench.models.base import FeaturizerHead
+from raybench.models.base import FeaturizerHead, load_local_weights
 from raybench.models.registry import MODELS, ModelSpec
 
 DETECTIONS_PER_IMAGE = 100
@@ -47,24 +46,6 @@ def faster_rcnn(n_classes: int, min_size: int, max_size: int, trainable_layers: 
     return FasterRCNN(backbone, num_classes=n_classes + 1, min_size=min_size, max_size=max_size,
                       image_mean=[0.0, 0.0, 0.0], image_std=[1.0, 1.0, 1.0],
                       box_detections_per_img=DETECTIONS_PER_IMAGE)
-
-
-def load_detector_weights(rcnn: FasterRCNN, path: Path) -> None:
-    """Load a local Faster R-CNN state dict; box-predictor keys of another class count are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"model weights {str(path)!r} do not exist")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    own = rcnn.state_dict()
-    missing = [k for k in own if k not in state]
-    if missing:
-        raise ValueError(f"weights {str(path)!r} lack {len(missing)} keys of the Faster R-CNN, e.g. {missing[:3]} "
-                         f"(expected a state dict of torchvision's fasterrcnn_resnet50_fpn)")
-    mismatched = [k for k in own if state[k].shape != own[k].shape]
-    wrong = [k for k in mismatched if not k.startswith(PREDICTOR_PREFIX)]
-    if wrong:
-        raise ValueError(f"weights {str(path)!r} have other shapes than the model for {wrong[:3]}")
-    rcnn.load_state_dict({k: state[k] for k in own if k not in mismatched}, strict=False)
 
 
 class Detector(FeaturizerHead):
@@ -136,5 +117,6 @@ def build_fasterrcnn(spec: ModelSpec) -> Detector:
     rcnn = faster_rcnn(spec.n_outputs, min_size=min(height, width), max_size=max(height, width),
                        trainable_layers=3 if spec.weights is not None else 5)
     if spec.weights is not None:
-        load_detector_weights(rcnn, spec.weights)
+        load_local_weights(rcnn, spec.weights, resizable=(PREDICTOR_PREFIX,),
+                           expected="a state dict of torchvision's fasterrcnn_resnet50_fpn")
     return Detector(rcnn)

@@ -97,7 +97,7 @@ def prepare(options: SweepOptions) -> Prepared:
     if not options.resume and any((storage / f"{name}-{stage}").exists() for stage in ("search", "replicate")):
         raise SweepExists(f"--name: a sweep named {name!r} already exists under {storage}; "
                           f"pass --resume to continue it, or another --name")
-    return Prepared(options, name, resolved, space.algorithm, metric, selection.label, list(dataset.metrics), uri, storage)
+    return Prepared(options, name, resolved, space.algorithm, metric, selection.label, list(dataset.metric_names), uri, storage)
 
 
 def _midpoints(space: ResolvedSpace) -> dict[str, Any]:

@@ -152,8 +152,8 @@ class TrainConfig:
         if self.model not in MODELS:
             raise ConfigError("model", f"expected one of {', '.join(MODELS.names())}, got {self.model!r}")
         split, _, metric = (self.selection_metric or "").partition("/")
-        if split not in dataset.eval_splits or metric not in dataset.metrics:
-            options = [f"{s}/{m}" for s in dataset.eval_splits for m in dataset.metrics]
+        if split not in dataset.eval_splits or metric not in dataset.metric_names:
+            options = [f"{s}/{m}" for s in dataset.eval_splits for m in dataset.metric_names]
             raise ConfigError("selection_metric", f"expected one of {', '.join(options)}, got {self.selection_metric!r}")
         if ALGORITHMS.get(self.algorithm).uses_unlabeled and self.unlabeled_split not in dataset.splits:
             options = ", ".join(s for s in dataset.splits if not dataset.splits[s].labeled)

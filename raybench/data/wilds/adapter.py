@@ -196,10 +196,19 @@ class _EvalData:
 
 @dataclass
 class WildsShiftDataset(ShiftDataset):
-    """A ShiftDataset whose metrics are those of the wilds dataset's `eval`, on the original targets."""
+    """A ShiftDataset scored by the wilds dataset's own `eval` on the original targets and metadata.
+
+    `metrics` stays empty (eval needs each split's metadata, which a per-split metric function does not
+    get); `headline_metrics` names the keys of eval's results that selection and tables use.
+    """
 
     wilds_dataset: Any = None
     eval_data: dict[str, _EvalData] = field(default_factory=dict)
+    headline_metrics: tuple[str, ...] = ()
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return self.headline_metrics
 
     def at_input_size(self, size: int) -> "WildsShiftDataset":
         """Images read and models built at `size` x `size` (e.g. globalwheat below 1024 px for a quick look)."""
@@ -218,10 +227,6 @@ class WildsShiftDataset(ShiftDataset):
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.number)) or (isinstance(value, Tensor) and value.numel() == 1)
-
-
-def _via_eval(outputs: Tensor, y: Tensor, group: Tensor) -> float:
-    raise TypeError("WILDS metrics are computed by the dataset's own eval (WildsShiftDataset.evaluate)")
 
 
 def load_wilds(name: str, root: Path, unlabeled: bool) -> Any:
@@ -289,7 +294,8 @@ def build_wilds(spec: WildsSpec, data_dir: Path, seed: int) -> WildsShiftDataset
     kind = INPUT_KINDS[spec.inputs]
     return WildsShiftDataset(
         name=spec.name, task=Task(spec.task, spec.n_outputs), splits=splits,
-        metrics={m: _via_eval for m in dict.fromkeys((*spec.metrics, spec.selection))}, selection_metric=f"val/{spec.selection}", defaults=spec.defaults,
+        metrics={}, headline_metrics=tuple(dict.fromkeys((*spec.metrics, spec.selection))),
+        selection_metric=f"val/{spec.selection}", defaults=spec.defaults,
         views=kind.views(spec), domain_names=domain_names, input_shape=spec.input_shape,
         description=f"WILDS {spec.name} (wilds {_wilds_version()}), read from {root}", info=info,
         capabilities=kind.capabilities, wilds_dataset=labeled, eval_data=eval_data,

@@ -50,11 +50,8 @@ def apply() -> None:
 
 
 # ----- torch_scatter ------------------------------------------------------------------------------
-def scatter(src: Tensor, index: Tensor, dim: int = -1, out: Optional[Tensor] = None,
-            dim_size: Optional[int] = None, reduce: str = "sum") -> Tensor:
-    """`torch_scatter.scatter` for 1-D and row-wise use: empty slots are 0, as in torch_scatter."""
-    if out is not None:
-        raise NotImplementedError("the torch_scatter stand-in does not support out=")
+def scatter(src: Tensor, index: Tensor, dim: int = -1, dim_size: Optional[int] = None, reduce: str = "sum") -> Tensor:
+    """`torch_scatter.scatter` as wilds calls it (a new tensor, no `out=`): empty slots are 0, as in torch_scatter."""
     dim = dim % src.dim()
     size = list(src.shape)
     size[dim] = int(dim_size if dim_size is not None else (int(index.max()) + 1 if index.numel() else 0))

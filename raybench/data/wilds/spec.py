@@ -18,6 +18,7 @@ INPUT_KINDS = ("image", "multispectral", "text", "graph", "detection")
 DEFAULT_FIELDS = ("model", "optimizer", "lr", "weight_decay", "momentum", "scheduler", "batch_size", "epochs", "grad_clip")
 REQUIRED = ("task", "inputs", "input_shape", "domain_fields", "selection", "metrics", "unlabeled_split", "defaults", "search")
 OPTIONAL = ("algorithm_hparams", "augment", "balance_labeled_by")
+BALANCE_KEYS = (None, "y", "domain", "group")  # what the trainer can balance labeled batches by
 
 
 class SpecError(ValueError):
@@ -105,6 +106,9 @@ def _defaults(name: str, entry: dict, path: Path) -> TrainDefaults:
     if not isinstance(hparams, dict) or not all(isinstance(v, dict) for v in hparams.values()):
         raise SpecError(path, f"{name}.algorithm_hparams", hparams, "a mapping of algorithm -> {hyperparameter: value}")
     search = _search(name, entry["search"], path)
+    balance = entry.get("balance_labeled_by")
+    if balance not in BALANCE_KEYS:
+        raise SpecError(path, f"{name}.balance_labeled_by", balance, f"one of {', '.join(str(k) for k in BALANCE_KEYS[1:])}")
     return TrainDefaults(**values, unlabeled_ratio=3, unlabeled_split=entry["unlabeled_split"], algorithm_hparams=hparams,
                          balance_labeled_by=entry.get("balance_labeled_by"), **search)
 
