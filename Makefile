@@ -24,7 +24,8 @@ test: $(STAMP)
 # (or just re-reads) the same sweep.
 DEMO_FLAGS := --trials 10 --replicates 3 --set augment=false --set max_steps_per_epoch=150
 demo: $(STAMP)
-	$(BIN)/raybench sweep dann --dataset digits-shift $(DEMO_FLAGS) --name demo-dann --resume
+	$(BIN)/raybench sweep dann --dataset digits-shift $(DEMO_FLAGS) --name demo-dann \
+		$(if $(wildcard runs/demo-dann-search),--resume)
 
 # The #2 scientific check: ERM, DANN and FixMatch defaults, 3 seeds each (about 8 minutes on 2 cores).
 check: $(STAMP)

@@ -1,25 +1,113 @@
 #!/usr/bin/env bash
-# Stop exactly what local-up.sh started: the MLflow server's process group and the Ray processes of
-# its own temp dir. Never a host-wide `ray stop`, which would kill every Ray on the machine.
+# Stop exactly what local-up.sh started and recorded in $RAYBENCH_CLUSTER_DIR (default ./.cluster):
+#  - the MLflow server, by its recorded process group;
+#  - the Ray processes recorded in ray.pids (PID and create time, so a reused PID is never signalled),
+#    and their descendants (agents, workers, job drivers): TERM, then KILL after a bounded wait;
+#  - Ray's temp dir, only if it carries local-up's marker naming this state dir.
+# Never a host-wide `ray stop`, and never a match on command lines, which would hit other people's processes.
+#
+# Exit status: 0 done; 2 the recorded temp dir is not marked as this cluster's, so it was left alone
+# (and so was its record in the state dir: inspect it, then delete $RAYBENCH_CLUSTER_DIR/ray_temp_dir).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-state="${RAYBENCH_CLUSTER_DIR:-$(dirname "$here")/.cluster}"
+repo="$(dirname "$here")"
+bin="${RAYBENCH_BIN:-$repo/.venv/bin}"
+state="$(realpath -m -- "${RAYBENCH_CLUSTER_DIR:-$repo/.cluster}")"
+grace="${RAYBENCH_STOP_GRACE:-15}"   # seconds from TERM to KILL, per group (raylet, the rest, GCS)
+marker_name=".raybench-cluster"
 
-if [ -f "$state/mlflow.pid" ]; then
+stop_mlflow() {
+  [ -f "$state/mlflow.pid" ] || return 0
+  local pid
   pid="$(cat "$state/mlflow.pid")"
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
   kill -KILL -- "-$pid" 2>/dev/null || true
   rm -f "$state/mlflow.pid"
-fi
+}
 
-if [ -f "$state/ray_temp_dir" ]; then
+# Stop the recorded processes whose create time still matches, with all their descendants. The tree is
+# listed before the first signal: once the raylet dies, its workers are re-parented and out of reach.
+# In the order `ray stop` uses: raylet first (its agents and workers fate-share with it), then the rest,
+# GCS last; sent together, the GCS and the autoscaler monitor ignored TERM for over 25 s here.
+stop_ray() {
+  [ -f "$state/ray.pids" ] || return 0
+  "$bin/python" - "$state/ray.pids" "$grace" <<'PY' || { echo "local-down: could not stop the processes in $state/ray.pids" >&2; return 1; }
+import sys
+import psutil
+pid_file, grace = sys.argv[1], float(sys.argv[2])
+
+def recorded():
+    for line in open(pid_file):
+        pid, created = line.split()
+        try:
+            proc = psutil.Process(int(pid))
+            if abs(proc.create_time() - float(created)) < 0.01:  # else the PID now belongs to someone else
+                yield proc
+        except psutil.NoSuchProcess:
+            pass
+
+def with_descendants(procs):
+    tree = {}
+    for proc in procs:
+        try:
+            tree.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
+        except psutil.NoSuchProcess:
+            pass
+    return list(tree.values())
+
+def stop(procs):
+    """TERM, then KILL what is left after the grace period; psutil re-checks each create time first."""
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:  # gone already, or not ours to signal
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    alive = with_descendants(alive)  # workers a dying raylet may have started meanwhile
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return psutil.wait_procs(alive, timeout=10)[1]
+
+def bucket(proc):
+    try:
+        return {"raylet": 0, "gcs_server": 2}.get(proc.name(), 1)
+    except psutil.NoSuchProcess:
+        return 1
+
+groups = [[], [], []]
+for proc in with_descendants(recorded()):
+    groups[bucket(proc)].append(proc)
+left = [proc for group in groups for proc in stop(group)]
+if left:
+    sys.exit(f"local-down: still running after KILL: {sorted(p.pid for p in left)}")
+PY
+  rm -f "$state/ray.pids"
+}
+
+# Delete Ray's temp dir only if local-up marked it for this state dir; a tampered or foreign record
+# (say RAY_TEMP_DIR=/tmp) must never lead to deleting someone else's files.
+remove_temp_dir() {
+  [ -f "$state/ray_temp_dir" ] || return 0
+  local ray_tmp
   ray_tmp="$(cat "$state/ray_temp_dir")"
-  # Every process of that head (GCS, raylet, dashboard, workers) names its session dir on its command line.
-  pkill -TERM -f -- "$ray_tmp" 2>/dev/null || true
-  for _ in $(seq 1 40); do pgrep -f -- "$ray_tmp" > /dev/null || break; sleep 0.25; done
-  pkill -KILL -f -- "$ray_tmp" 2>/dev/null || true
-  rm -rf -- "$ray_tmp"
-  rm -f "$state/ray_temp_dir"
-fi
-echo "local-down: stopped what $state recorded"
+  if [ -e "$ray_tmp" ] || [ -L "$ray_tmp" ]; then
+    if [[ "$ray_tmp" != /?* ]] || [ -L "$ray_tmp" ] || [ ! -d "$ray_tmp" ] \
+       || [ "$(cat -- "$ray_tmp/$marker_name" 2>/dev/null)" != "$state" ]; then
+      echo "local-down: not deleting $ray_tmp: it carries no local-up marker naming $state" >&2
+      return 2
+    fi
+    rm -rf -- "$ray_tmp"
+  fi
+  rm -f "$state/ray_temp_dir" "$state/ports.env"
+}
+
+status=0
+stop_mlflow
+# A temp dir whose processes may still run is kept, with its record, for a second try.
+if stop_ray; then remove_temp_dir || status=$?; else status=1; fi
+(( status == 0 )) && echo "local-down: stopped what $state recorded"
+exit "$status"

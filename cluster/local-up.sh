@@ -1,53 +1,313 @@
 #!/usr/bin/env bash
-# Start a local Ray head (dashboard on 127.0.0.1) and an MLflow server (127.0.0.1, SQLite, local artifacts).
-# Everything it starts is recorded under $RAYBENCH_CLUSTER_DIR so that local-down.sh stops exactly that.
+# Start a local Ray head (dashboard on 127.0.0.1) and an MLflow server (127.0.0.1, SQLite, local artifacts),
+# and return only once the head accepts a submitted job. Everything it starts is recorded under
+# $RAYBENCH_CLUSTER_DIR (default ./.cluster) so that cluster/local-down.sh stops exactly that.
 #
-#   cluster/local-up.sh                 # ports: Ray 6379, dashboard 8265, MLflow 5000
-#   RAY_PORT=6380 DASHBOARD_PORT=8266 MLFLOW_PORT=5001 cluster/local-up.sh
+#   cluster/local-up.sh                             # ports 24000-24199
+#   RAYBENCH_PORT_BASE=24200 cluster/local-up.sh    # a second cluster on the same host
+#   cluster/local-up.sh --print-ports               # print the port plan and exit; starts nothing
 #
-# Note: only the dashboard honours 127.0.0.1; Ray's GCS and raylet listen on all interfaces (Ray 2.60).
+# Ports. Every port is chosen here, none is left to Ray's defaults (52365, 44217, 44227, 10001, random
+# worker ports...), so that another Ray on the host cannot take one of ours. They form one block of 200
+# from RAYBENCH_PORT_BASE (default 24000: clear of Ray's defaults, of Ray's default worker ports
+# 10002-19999 and of Linux's ephemeral range); clusters whose bases are 200 or more apart never collide.
+# Each port can be overridden on its own:
+#   +0   RAY_PORT                              GCS (what `ray start --address` and `ray status` dial)
+#   +1   DASHBOARD_PORT                        dashboard and job API (http://127.0.0.1:PORT)
+#   +2   RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT  dashboard agent, HTTP (the job agent)
+#   +3   RAYBENCH_DASHBOARD_AGENT_GRPC_PORT    dashboard agent, gRPC
+#   +4   RAYBENCH_RUNTIME_ENV_AGENT_PORT       runtime-env agent
+#   +5   RAYBENCH_METRICS_EXPORT_PORT          Prometheus metrics of the node
+#   +6   RAYBENCH_NODE_MANAGER_PORT            raylet
+#   +7   RAYBENCH_OBJECT_MANAGER_PORT          object manager
+#   +8   RAYBENCH_CLIENT_SERVER_PORT           Ray client server (ray://); never within 10002-19999
+#   +9   DASHBOARD_METRIC_PORT                 dashboard's own metrics (Ray reads this variable itself)
+#   +10  AUTOSCALER_METRIC_PORT                autoscaler monitor's metrics (Ray reads this variable itself)
+#   +11  MLFLOW_PORT                           MLflow server
+#   +20..+199  RAYBENCH_MIN_WORKER_PORT..RAYBENCH_MAX_WORKER_PORT   Ray worker processes
+# Other settings: RAY_NUM_CPUS (default: all cores), RAY_TRIAL_DRIVERS (default 8), RAYBENCH_BIN (the
+# venv's bin), RAYBENCH_START_TIMEOUT (seconds to wait for the job agent and for MLflow, default 180).
+#
+# Temp dir. Ray keeps its sockets, logs and session files in a temp dir. By default local-up creates a
+# fresh one (/tmp/rb-XXXXXX: UNIX socket paths must stay short) and marks it with a file naming the
+# state dir; local-down deletes only a folder that carries that mark. RAY_TEMP_DIR may name another
+# one, but only a new or empty folder (or one this state dir marked): anything else is refused.
+#
+# Exit status: 0 up and accepting jobs; 2 refused before starting anything (bad setting, busy port,
+# unsafe temp dir, a cluster already recorded); 1 something failed to start (what did start is stopped
+# again and Ray's logs are kept under the state dir).
+#
+# Note: only the dashboard and MLflow honour 127.0.0.1; Ray's GCS, raylet and agents listen on all
+# interfaces (Ray 2.60), so the head enables Ray's token auth unless RAY_AUTH_MODE says otherwise.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
 bin="${RAYBENCH_BIN:-$repo/.venv/bin}"
-state="${RAYBENCH_CLUSTER_DIR:-$repo/.cluster}"
-ray_port="${RAY_PORT:-6379}"
-dashboard_port="${DASHBOARD_PORT:-8265}"
-mlflow_port="${MLFLOW_PORT:-5000}"
+state="$(realpath -m -- "${RAYBENCH_CLUSTER_DIR:-$repo/.cluster}")"
 cpus="${RAY_NUM_CPUS:-$(nproc)}"
 drivers="${RAY_TRIAL_DRIVERS:-8}"
-# Ray's temp dir holds UNIX sockets, whose paths must stay short: keep it under /tmp, named by the state dir.
-ray_tmp="${RAY_TEMP_DIR:-/tmp/raybench-$(echo -n "$state" | sha1sum | cut -c1-10)}"
+start_timeout="${RAYBENCH_START_TIMEOUT:-180}"
+marker_name=".raybench-cluster"   # inside the temp dir; its content is the state dir that owns it
+max_temp_dir_len=40               # Ray adds ~65 characters below it for socket paths (limit 107)
+
+refuse() { echo "local-up: $*" >&2; exit 2; }
+
+# The port plan: name=port lines, in the order of the table above.
+plan_ports() {
+  local base="${RAYBENCH_PORT_BASE:-24000}"
+  [[ "$base" =~ ^[0-9]+$ ]] || refuse "RAYBENCH_PORT_BASE must be a number, not '$base'"
+  ports=(
+    "RAY_PORT=${RAY_PORT:-$((base + 0))}"
+    "DASHBOARD_PORT=${DASHBOARD_PORT:-$((base + 1))}"
+    "RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT=${RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT:-$((base + 2))}"
+    "RAYBENCH_DASHBOARD_AGENT_GRPC_PORT=${RAYBENCH_DASHBOARD_AGENT_GRPC_PORT:-$((base + 3))}"
+    "RAYBENCH_RUNTIME_ENV_AGENT_PORT=${RAYBENCH_RUNTIME_ENV_AGENT_PORT:-$((base + 4))}"
+    "RAYBENCH_METRICS_EXPORT_PORT=${RAYBENCH_METRICS_EXPORT_PORT:-$((base + 5))}"
+    "RAYBENCH_NODE_MANAGER_PORT=${RAYBENCH_NODE_MANAGER_PORT:-$((base + 6))}"
+    "RAYBENCH_OBJECT_MANAGER_PORT=${RAYBENCH_OBJECT_MANAGER_PORT:-$((base + 7))}"
+    "RAYBENCH_CLIENT_SERVER_PORT=${RAYBENCH_CLIENT_SERVER_PORT:-$((base + 8))}"
+    "DASHBOARD_METRIC_PORT=${DASHBOARD_METRIC_PORT:-$((base + 9))}"
+    "AUTOSCALER_METRIC_PORT=${AUTOSCALER_METRIC_PORT:-$((base + 10))}"
+    "MLFLOW_PORT=${MLFLOW_PORT:-$((base + 11))}"
+    "RAYBENCH_MIN_WORKER_PORT=${RAYBENCH_MIN_WORKER_PORT:-$((base + 20))}"
+    "RAYBENCH_MAX_WORKER_PORT=${RAYBENCH_MAX_WORKER_PORT:-$((base + 199))}"
+  )
+  local entry
+  for entry in "${ports[@]}"; do
+    [[ "${entry#*=}" =~ ^[0-9]+$ ]] || refuse "${entry%%=*} must be a number, not '${entry#*=}'"
+    declare -g "${entry%%=*}=${entry#*=}"
+  done
+}
+
+# Ports must be valid, distinct, and outside the worker range; the client server also outside Ray's
+# default worker range, where the workers of any other Ray on the host bind.
+validate_ports() {
+  local entry name port seen=" "
+  (( RAYBENCH_MIN_WORKER_PORT >= 1024 && RAYBENCH_MIN_WORKER_PORT < RAYBENCH_MAX_WORKER_PORT
+     && RAYBENCH_MAX_WORKER_PORT <= 65535 )) \
+    || refuse "worker ports $RAYBENCH_MIN_WORKER_PORT-$RAYBENCH_MAX_WORKER_PORT are not a range within 1024-65535"
+  for entry in "${ports[@]:0:12}"; do
+    name="${entry%%=*}" port="${entry#*=}"
+    (( port >= 1024 && port <= 65535 )) || refuse "$name=$port is outside 1024-65535"
+    [[ "$seen" != *" $port "* ]] || refuse "$name=$port is used twice in the port plan"
+    seen+="$port "
+    (( port < RAYBENCH_MIN_WORKER_PORT || port > RAYBENCH_MAX_WORKER_PORT )) \
+      || refuse "$name=$port lies in the worker port range $RAYBENCH_MIN_WORKER_PORT-$RAYBENCH_MAX_WORKER_PORT"
+  done
+  (( RAYBENCH_CLIENT_SERVER_PORT < 10002 || RAYBENCH_CLIENT_SERVER_PORT > 19999 )) \
+    || refuse "RAYBENCH_CLIENT_SERVER_PORT=$RAYBENCH_CLIENT_SERVER_PORT collides with Ray's default worker ports 10002-19999"
+}
+
+# Refuse before starting anything if another process holds one of our ports: Ray would otherwise start
+# half a cluster (a busy agent port only shows up later, as "No available agent to submit job").
+check_ports_free() {
+  "$bin/python" - "${ports[@]}" <<'PY' || exit 2
+import socket, sys
+plan = dict(arg.split("=", 1) for arg in sys.argv[1:])
+fixed = [(name, int(port)) for name, port in plan.items() if not name.endswith("_WORKER_PORT")]
+lo, hi = int(plan["RAYBENCH_MIN_WORKER_PORT"]), int(plan["RAYBENCH_MAX_WORKER_PORT"])
+workers = [(f"worker port range {lo}-{hi}", port) for port in range(lo, hi + 1)]
+for name, port in fixed + workers:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT, not a listener
+        try:
+            s.bind(("0.0.0.0", port))  # Ray's GCS and raylet bind all interfaces
+        except OSError:
+            sys.exit(f"local-up: port {port} ({name}) is already in use; choose another RAYBENCH_PORT_BASE")
+PY
+}
+
+# The path that names this cluster's temp dir, without creating anything yet.
+choose_temp_dir() {
+  if [ -z "${RAY_TEMP_DIR:-}" ]; then
+    ray_tmp=""   # created fresh by claim_temp_dir
+    return
+  fi
+  [ ! -L "$RAY_TEMP_DIR" ] || refuse "RAY_TEMP_DIR=$RAY_TEMP_DIR is a symlink; give a real, new or empty folder"
+  ray_tmp="$(realpath -m -- "$RAY_TEMP_DIR")"
+  (( ${#ray_tmp} <= max_temp_dir_len )) \
+    || refuse "RAY_TEMP_DIR=$ray_tmp is longer than $max_temp_dir_len characters (Ray's socket paths must stay short)"
+  [ -d "$(dirname -- "$ray_tmp")" ] || refuse "RAY_TEMP_DIR=$ray_tmp: its parent folder does not exist"
+  # local-down deletes the temp dir as a whole: it must neither be nor hold the state dir (mlflow.db...).
+  [[ "$state/" != "$ray_tmp/"* && "$ray_tmp/" != "$state/"* ]] \
+    || refuse "RAY_TEMP_DIR=$ray_tmp must lie outside the state dir $state, and not contain it"
+  if [ -e "$ray_tmp" ]; then
+    [ -d "$ray_tmp" ] || refuse "RAY_TEMP_DIR=$ray_tmp is not a folder"
+    [ -z "$(ls -A -- "$ray_tmp")" ] || [ "$(cat -- "$ray_tmp/$marker_name" 2>/dev/null)" = "$state" ] \
+      || refuse "RAY_TEMP_DIR=$ray_tmp is not empty and was not created by local-up for $state; refusing to use it"
+  fi
+}
+
+# Create (or adopt the empty) temp dir and mark it as ours, naming the state dir.
+claim_temp_dir() {
+  if [ -z "$ray_tmp" ]; then
+    ray_tmp="$(mktemp -d /tmp/rb-XXXXXX)"
+  elif [ ! -d "$ray_tmp" ]; then
+    mkdir -- "$ray_tmp"
+  fi
+  printf '%s\n' "$state" > "$ray_tmp/$marker_name"
+  printf '%s\n' "$ray_tmp" > "$state/ray_temp_dir"
+}
+
+# On failure after something started: keep Ray's logs, stop what started, say where to look.
+fail() {
+  trap - ERR INT TERM
+  local logs="$state/ray-logs"
+  # Interrupted before the PIDs were recorded: record them now, or local-down could not stop them.
+  [ -s "$state/ray.pids" ] || [ -z "${started_at:-}" ] || record_ray_pids "$started_at" || true
+  if [ -d "$ray_tmp/session_latest/logs" ]; then
+    rm -rf -- "$logs" && cp -rL -- "$ray_tmp/session_latest/logs" "$logs" 2>/dev/null || true
+  fi
+  "$here/local-down.sh" > "$state/local-down.log" 2>&1 || true
+  echo "local-up: $*" >&2
+  exit 1
+}
+
+# Token auth needs a token before `ray start`. Without one configured (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH
+# or ~/.ray/auth_token), make the default one, as Ray's own ray.init() does for a new local cluster.
+ensure_auth_token() {
+  [ "$RAY_AUTH_MODE" = token ] || return 0
+  [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -n "${RAY_AUTH_TOKEN_PATH:-}" ] || [ -s "$HOME/.ray/auth_token" ] || \
+    "$bin/ray" get-auth-token --generate > /dev/null 2>> "$state/ray-start.log" \
+    || fail "could not generate a Ray auth token (ray get-auth-token --generate); see $state/ray-start.log"
+}
+
+start_ray() {
+  "$bin/ray" start --head --node-ip-address=127.0.0.1 \
+    --port="$RAY_PORT" \
+    --dashboard-host=127.0.0.1 --dashboard-port="$DASHBOARD_PORT" \
+    --dashboard-agent-listen-port="$RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT" \
+    --dashboard-agent-grpc-port="$RAYBENCH_DASHBOARD_AGENT_GRPC_PORT" \
+    --runtime-env-agent-port="$RAYBENCH_RUNTIME_ENV_AGENT_PORT" \
+    --metrics-export-port="$RAYBENCH_METRICS_EXPORT_PORT" \
+    --node-manager-port="$RAYBENCH_NODE_MANAGER_PORT" \
+    --object-manager-port="$RAYBENCH_OBJECT_MANAGER_PORT" \
+    --ray-client-server-port="$RAYBENCH_CLIENT_SERVER_PORT" \
+    --min-worker-port="$RAYBENCH_MIN_WORKER_PORT" --max-worker-port="$RAYBENCH_MAX_WORKER_PORT" \
+    --num-cpus="$cpus" --resources="{\"trial_driver\": $drivers}" \
+    --temp-dir="$ray_tmp" --disable-usage-stats >> "$state/ray-start.log" 2>&1
+}
+
+# Record "pid create_time" of every process this head started, so that local-down stops exactly these
+# (the create time tells a reused PID apart). Ours: started after $1 and either naming our temp dir on
+# the command line (GCS, raylet, dashboard, monitors) or listening on one of our ports (the Ray client
+# server names neither), plus their descendants (agents, workers).
+record_ray_pids() {
+  "$bin/python" - "$ray_tmp" "$1" "${ports[@]}" > "$state/ray.pids" <<'PY'
+import os, re, sys
+import psutil
+tmp, since = sys.argv[1], float(sys.argv[2]) - 1.0  # create times are rounded to the clock tick
+plan = dict(arg.split("=", 1) for arg in sys.argv[3:])
+ours_ports = {int(p) for n, p in plan.items() if not n.endswith("_WORKER_PORT")}
+
+names = re.compile(r"(?:^|[=:,\s'\"])" + re.escape(tmp) + r"(?:/|$|[:,\s'\"])")  # the dir, not /tmp/rb-abc
+
+def names_temp_dir(cmdline):
+    return any(names.search(arg) for arg in cmdline)
+
+listeners = {c.pid for c in psutil.net_connections("inet")
+             if c.pid and c.status == psutil.CONN_LISTEN and c.laddr.port in ours_ports}
+found = {}
+for proc in psutil.process_iter(["cmdline", "create_time"]):
+    if proc.pid == os.getpid() or proc.info["create_time"] is None or proc.info["create_time"] < since:
+        continue
+    if names_temp_dir(proc.info["cmdline"] or []) or proc.pid in listeners:
+        try:
+            for p in [proc, *proc.children(recursive=True)]:
+                found[p.pid] = p.create_time()
+        except psutil.NoSuchProcess:
+            continue
+for pid, created in sorted(found.items()):
+    print(pid, repr(created))
+PY
+}
+
+start_mlflow() {
+  # setsid: the server and its workers form one process group, which local-down.sh stops as a whole.
+  setsid "$bin/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" \
+    --backend-store-uri "sqlite:///$state/mlflow.db" --artifacts-destination "$state/mlflow-artifacts" \
+    > "$state/mlflow.log" 2>&1 < /dev/null &
+  echo $! > "$state/mlflow.pid"
+}
+
+# The dashboard answers before the head's job agent takes jobs ("No available agent to submit job"),
+# so readiness is a real job: submit `true` through the job API until one SUCCEEDS, within the deadline.
+wait_for_job_agent() {
+  "$bin/python" - "http://127.0.0.1:$DASHBOARD_PORT" "$start_timeout" > "$state/ray-ready.log" 2>&1 <<'PY'
+import sys, time
+from ray.job_submission import JobStatus, JobSubmissionClient
+address, start = sys.argv[1], time.monotonic()
+deadline = start + float(sys.argv[2])
+log = lambda line: print(f"[{time.monotonic() - start:5.1f}s] {line}", flush=True)
+while time.monotonic() < deadline:
+    try:
+        client = JobSubmissionClient(address)
+        job = client.submit_job(entrypoint="true", metadata={"raybench": "local-up readiness probe"})
+        while not (status := client.get_job_status(job)).is_terminal() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if status == JobStatus.SUCCEEDED:
+            log(f"probe job {job} succeeded")
+            sys.exit(0)
+        log(f"probe job {job}: {status}: {client.get_job_info(job).message}")
+    except Exception as error:  # the dashboard or the agent is still starting
+        log(f"not ready: {type(error).__name__}: {error}")
+    time.sleep(1)
+sys.exit(1)
+PY
+}
+
+wait_for_mlflow() {
+  local deadline=$((SECONDS + start_timeout))
+  while (( SECONDS < deadline )); do
+    curl -fsS "http://127.0.0.1:$MLFLOW_PORT/health" > /dev/null 2>&1 && return 0
+    kill -0 "$(cat "$state/mlflow.pid")" 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+
+case "${1:-}" in
+  "" | --print-ports) ;;
+  *) refuse "usage: cluster/local-up.sh [--print-ports]   (settings come from the environment; see the top of $0)" ;;
+esac
+plan_ports
+validate_ports
+if [ "${1:-}" = "--print-ports" ]; then printf '%s\n' "${ports[@]}"; exit 0; fi
+[ ! -f "$state/ray_temp_dir" ] \
+  || refuse "a cluster recorded in $state is still up; run cluster/local-down.sh first"
+choose_temp_dir
+check_ports_free
 
 mkdir -p "$state/mlflow-artifacts"
-if [ -f "$state/ray_temp_dir" ]; then
-  echo "local-up: a cluster recorded in $state is still up; run cluster/local-down.sh first" >&2
-  exit 1
-fi
-echo "$ray_tmp" > "$state/ray_temp_dir"
-export RAY_USAGE_STATS_ENABLED=0 MLFLOW_DISABLE_TELEMETRY=true
-export PATH="$bin:$PATH"   # submitted jobs inherit the head's PATH, so `raybench` resolves to this install
+rm -f -- "$state/ray.pids" "$state/ray-start.log" "$state/ray-ready.log" "$state/local-down.log"
+rm -rf -- "$state/ray-logs"
+claim_temp_dir
+# From here on, any unexpected error stops what was started instead of leaving half a cluster behind.
+set -E
+trap 'fail "unexpected error at line $LINENO of $0"' ERR
+trap 'fail "interrupted; stopped what had started"' INT TERM
+printf '%s\n' "${ports[@]}" > "$state/ports.env"
 
-"$bin/ray" start --head --node-ip-address=127.0.0.1 --port="$ray_port" \
-  --dashboard-host=127.0.0.1 --dashboard-port="$dashboard_port" \
-  --num-cpus="$cpus" --resources="{\"trial_driver\": $drivers}" \
-  --temp-dir="$ray_tmp" --disable-usage-stats > "$state/ray-start.log" 2>&1 \
-  || { cat "$state/ray-start.log" >&2; exit 1; }
+# Submitted jobs inherit the head's environment: PATH so that `raybench` resolves to this install.
+# Token auth, because the GCS and raylet listen on all interfaces (RAY_AUTH_MODE=disabled opts out).
+export RAY_USAGE_STATS_ENABLED=0 MLFLOW_DISABLE_TELEMETRY=true RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+export DASHBOARD_METRIC_PORT AUTOSCALER_METRIC_PORT   # Ray has no flags for these two
+export PATH="$bin:$PATH"
 
-# setsid: the server and its workers form one process group, which local-down.sh stops as a whole.
-setsid "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" \
-  --backend-store-uri "sqlite:///$state/mlflow.db" --artifacts-destination "$state/mlflow-artifacts" \
-  > "$state/mlflow.log" 2>&1 < /dev/null &
-echo $! > "$state/mlflow.pid"
-
-for _ in $(seq 1 120); do
-  if curl -fsS "http://127.0.0.1:$mlflow_port/health" > /dev/null 2>&1; then break; fi
-  sleep 0.5
-done
-curl -fsS "http://127.0.0.1:$mlflow_port/health" > /dev/null || { echo "local-up: MLflow did not start; see $state/mlflow.log" >&2; exit 1; }
+ensure_auth_token
+started_at="$(date +%s.%N)"
+ray_ok=1
+start_ray || ray_ok=0
+record_ray_pids "$started_at" || fail "could not record the Ray processes of $ray_tmp"
+(( ray_ok )) || fail "ray start failed; see $state/ray-start.log"
+start_mlflow
+wait_for_job_agent \
+  || fail "the head accepted no job within ${start_timeout}s; see $state/ray-ready.log and $state/ray-logs/dashboard_agent.log"
+wait_for_mlflow || fail "MLflow did not start within ${start_timeout}s; see $state/mlflow.log"
 
 cat <<MSG
-Ray dashboard:  http://127.0.0.1:$dashboard_port   (ray job submit --address http://127.0.0.1:$dashboard_port ...)
-MLflow:         http://127.0.0.1:$mlflow_port      (raybench sweep ... --tracking-uri http://127.0.0.1:$mlflow_port)
-Stop both:      cluster/local-down.sh
+Ray dashboard:  http://127.0.0.1:$DASHBOARD_PORT   (RAY_AUTH_MODE=$RAY_AUTH_MODE ray job submit --address http://127.0.0.1:$DASHBOARD_PORT ...)
+MLflow:         http://127.0.0.1:$MLFLOW_PORT   (raybench sweep ... --tracking-uri http://127.0.0.1:$MLFLOW_PORT)
+Ray temp dir:   $ray_tmp   (ports: $state/ports.env)
+Stop both:      RAYBENCH_CLUSTER_DIR=$state cluster/local-down.sh
 MSG

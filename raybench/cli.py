@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -30,7 +34,7 @@ def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
 
 def bounded(kind: type, minimum: float, strict: bool = False) -> Callable[[str], Any]:
     """An argparse type: `kind` (int or float) at least `minimum` (greater, if `strict`), named in errors."""
-    noun = "an integer" if kind is int else "a number"
+    noun = "an integer" if kind is int else "a finite number"
     expected = f"expected {noun} {'>' if strict else '>='} {minimum:g}"
 
     def parse(text: str) -> Any:
@@ -38,7 +42,7 @@ def bounded(kind: type, minimum: float, strict: bool = False) -> Callable[[str],
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
-        if value < minimum or (strict and value == minimum):
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
             raise argparse.ArgumentTypeError(f"{expected}, got {value}")
         return value
 
@@ -70,7 +74,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 # ----- raybench train ---------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
     from raybench.data import load_dataset
-    from raybench.trainer import ConfigError, TrainConfig, Trainer
+    from raybench.paths import writable_dir_problem
+    from raybench.trainer import ConfigError, DivergenceError, TrainConfig, Trainer
     from raybench.trainer.console import ConsoleCallback
 
     flags = {"dataset": args.dataset, "algorithm": args.algorithm, "seed": args.seed}
@@ -81,59 +86,117 @@ def cmd_train(args: argparse.Namespace) -> int:
     if clash:
         raise UsageError(f"--set {clash[0]}: use the --{clash[0].replace('_', '-')} flag instead")
     output = Path(args.output) if args.output else None
-    if output is not None and output.exists() and not output.is_dir():
-        raise UsageError(f"--output: expected a directory, got the file {str(output)!r}")
+    problem = writable_dir_problem(output) if output is not None else None
+    if problem:  # found now, not after an hour of training
+        raise UsageError(f"--output: {problem}")
+
+    def flag(err: ConfigError) -> str:
+        return f"--{err.key.replace('_', '-')}" if err.key in flags else f"--set {err.key}"
+
     try:
         config = TrainConfig.from_flat({**flags, **overrides})
+        config.check_device_available()
         dataset = load_dataset(config.dataset, config.data_dir, config.data_seed)
         trainer = Trainer(config, callbacks=[ConsoleCallback(sys.stderr, output)], dataset=dataset)
+        result = trainer.fit()
     except UnknownNameError as err:
         raise UsageError(f"--dataset: {err}") from None
-    except ConfigError as err:
-        flag = f"--{err.key.replace('_', '-')}" if err.key in flags else f"--set {err.key}"
-        raise UsageError(f"{flag}: {err.detail}") from None
-    result = trainer.fit()
+    except ConfigError as err:  # also from fit(): a teacher checkpoint is read when its round starts
+        raise UsageError(f"{flag(err)}: {err.detail}") from None
+    except DivergenceError as err:
+        print(f"raybench: training diverged: {err}", file=sys.stderr)
+        return 1
     summary = {
         "dataset": config.dataset, "algorithm": config.algorithm, "seed": config.seed,
         "best_epoch": result.best_epoch, "best": result.best_metrics, "final": result.final_metrics,
         "info": result.info,
     }
     if output is not None:
-        (output / "result.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        from raybench.sweep.results import write_text_atomically
+
+        write_text_atomically(output / "result.json", json.dumps(summary, indent=2, sort_keys=True))
     print(json.dumps(summary, sort_keys=True))
     return 0
 
 
 # ----- raybench sweep ---------------------------------------------------------------------------
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that continues this sweep: the same arguments plus --resume, credentials redacted."""
+    from raybench.tracking import redact_uri
+
+    def redacted(word: str) -> str:
+        flag, sep, value = word.partition("=") if word.startswith("--") else ("", "", word)
+        return f"{flag}{sep}{redact_uri(value)}"
+
+    words = [redacted(word) for word in argv]
+    return shlex.join(["raybench", *words, *([] if "--resume" in words else ["--resume"])])
+
+
+class _Signals:
+    """SIGTERM is handled like Ctrl-C, so a stopped sweep marks its runs KILLED and says how to resume; the
+    exit status then names the signal that stopped it (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.received = signal.SIGINT
+
+    def __enter__(self) -> "_Signals":
+        self.previous = signal.signal(signal.SIGTERM, self._on_term)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.received = signal.SIGTERM
+        signal.raise_signal(signal.SIGINT)  # Tune stops gracefully on SIGINT; elsewhere it is KeyboardInterrupt
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + int(self.received)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from raybench.sweep.runner import SweepExists, SweepOptions, prepare, run_sweep
+    from raybench.sweep.errors import ClusterError, OptionError, SweepExists, SweepInterrupted
+    from raybench.sweep.runner import SweepOptions, prepare, run_sweep
     from raybench.sweep.space import SpaceError
-    from raybench.tracking import TrackingError
+    from raybench.tracking import TrackingError, redact_uri
     from raybench.trainer import ConfigError
 
+    resume = resume_command(args.argv)
     options = SweepOptions(
         space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates, seed=args.seed,
         sampler=args.sampler, max_concurrent=args.max_concurrent, workers_per_trial=args.workers_per_trial,
         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker, address=args.address,
         tracking_uri=args.tracking_uri, storage=args.storage, name=args.name, smoke=args.smoke, resume=args.resume,
-        executor=args.executor, selection=args.selection, extra_fixed=parse_assignments(args.set),
+        executor=args.executor, selection=args.selection, autoscaling=args.autoscaling, resume_command=resume,
+        extra_fixed=parse_assignments(args.set),
     )
-    try:
-        prepared = prepare(options)
-        summary = run_sweep(prepared)
-    except (SpaceError, SweepExists) as err:
-        raise UsageError(str(err)) from None
-    except UnknownNameError as err:
-        raise UsageError(f"--dataset/--selection: {err}") from None
-    except ConfigError as err:
-        raise UsageError(f"--set {err.key}: {err.detail}") from None
-    except TrackingError as err:
-        raise UsageError(f"--tracking-uri: {err}") from None
+    with _Signals() as signals:
+        try:
+            prepared = prepare(options)
+            summary = run_sweep(prepared)
+        except (SpaceError, SweepExists, OptionError) as err:
+            raise UsageError(str(err)) from None
+        except UnknownNameError as err:
+            raise UsageError(f"--dataset/--selection: {err}") from None
+        except ConfigError as err:
+            raise UsageError(f"--set {err.key}: {err.detail}") from None
+        except TrackingError as err:
+            raise UsageError(f"--tracking-uri: {err}") from None
+        except ClusterError as err:
+            raise UsageError(f"{'--address' if 'answers at' in str(err) else 'cluster'}: {err}") from None
+        except (SweepInterrupted, KeyboardInterrupt) as err:
+            what = str(err) if isinstance(err, SweepInterrupted) else "sweep interrupted"
+            print(f"raybench: {what}; resume with: {resume}", file=sys.stderr)
+            return signals.exit_status
     from raybench.sweep.report import render
 
     print(render(summary, "table"))
-    uri = options.tracking_uri or "sqlite:///mlflow.db"
-    print(f"\nMLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   (then open http://127.0.0.1:5000)")
+    uri = redact_uri(prepared.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        print(f"\nMLflow: open {uri} (experiment 'raybench', run '{prepared.name}')")
+    else:
+        print(f"\nMLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   (then open http://127.0.0.1:5000)")
     return 0
 
 
@@ -220,6 +283,8 @@ def add_sweep_parser(sub: Any) -> None:
     p.add_argument("--name", help="sweep name; default: SPACE-DATASET-seedSEED")
     p.add_argument("--smoke", action="store_true", help="a few steps per trial (and by default 2 trials, 2 replicates)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
+    p.add_argument("--autoscaling", action="store_true",
+                   help="the cluster adds nodes on demand: accept resource requests no current node can satisfy")
     p.add_argument("--executor", choices=["train", "function"], default="train",
                    help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, single worker")
     p.add_argument("--selection", choices=["ood_val", "id_val", "oracle"], default="ood_val")
@@ -263,7 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
+        args.argv = argv
         run: Callable[[argparse.Namespace], int] = args.run
         return run(args)
     except UsageError as err:

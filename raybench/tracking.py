@@ -7,29 +7,42 @@ with `log_batch` (one request per epoch, not one per key), which matters over HT
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
+import socket
 import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # `raybench results` prints one table, no bars
 
 from mlflow.entities import Metric, Param  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 import raybench  # noqa: E402
+from raybench.paths import writable_dir_problem  # noqa: E402
 
 EXPERIMENT = "raybench"
 PARENT_TAG = "mlflow.parentRunId"
 KEY_TAG = "raybench.key"
 SWEEP_TAG = "raybench.sweep"
+STATE_TAG = "raybench.state"  # running, interrupted, finished, failed: what `raybench results` reports
+DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the sweep, to tell a dead one
+RESUME_TAG = "raybench.resume_command"
+BLIND_TAG = "raybench.selection_blind"
 MAX_PARAM_LENGTH = 6000
+STAGE_WEIGHTS_FACT = "weights"  # a stage fact naming its cached weights file, uploaded as the stage run's artifact
+# Tracking-store schemes MLflow ships (a "+driver" suffix is allowed: postgresql+psycopg2://...).
+SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 
 
 class TrackingError(RuntimeError):
@@ -41,17 +54,108 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
 
 
+def redact_uri(uri: Optional[str]) -> Optional[str]:
+    """`uri` with any user:password replaced by ***, for everything that is shown or logged."""
+    if not uri or "@" not in uri:
+        return uri
+    parts = urllib.parse.urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+def without_credentials(uri: str) -> str:
+    """`uri` with its user:password removed; MLflow then reads them from MLFLOW_TRACKING_USERNAME/PASSWORD,
+    so they never travel in a URI that Tune pickles into its experiment state or a log line prints."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def credentials_to_environment(uri: str) -> str:
+    """Move an http(s) URI's user:password into MLflow's own environment variables; returns the bare URI."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme in ("http", "https") and parts.username is not None:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username)
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password or "")
+        return without_credentials(uri)
+    return uri
+
+
+def check_uri(uri: str) -> None:
+    """A tracking URI MLflow can open and, for SQLite, a database file raybench can create: checked before
+    anything is written, so a typo is one line instead of a traceback after Ray has started."""
+    scheme = urllib.parse.urlsplit(uri).scheme.split("+")[0]
+    if scheme not in SCHEMES:
+        raise TrackingError(f"expected a URI with one of the schemes {', '.join(SCHEMES)}, got {redact_uri(uri)!r}")
+    if scheme == "sqlite":
+        path = Path(uri.removeprefix("sqlite:///"))
+        if uri.startswith("sqlite:///") and str(path) not in ("", ":memory:"):
+            problem = None if path.is_file() else writable_dir_problem(path.parent)
+            if path.exists() and not path.is_file():
+                problem = f"{str(path)!r} is not a file"
+            if problem:
+                raise TrackingError(f"cannot use the SQLite database {str(path)!r}: {problem}")
+
+
+def _health_request(uri: str) -> urllib.request.Request:
+    """GET <server>/health, with user:password from the URI sent as HTTP basic auth (urllib ignores it)."""
+    parts = urllib.parse.urlsplit(uri)
+    request = urllib.request.Request(without_credentials(uri).rstrip("/") + "/health")
+    if parts.username is not None:
+        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
+    return request
+
+
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     """Fail fast, before any training, when an HTTP tracking server does not answer its health check."""
+    check_uri(uri)
     if not uri.startswith(("http://", "https://")):
         return
+    shown = redact_uri(uri)
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as response:
+        with urllib.request.urlopen(_health_request(uri), timeout=timeout_s) as response:
             if response.status != 200:
-                raise TrackingError(f"MLflow server at {uri} answered /health with HTTP {response.status}")
+                raise TrackingError(f"MLflow server at {shown} answered /health with HTTP {response.status}")
+    except urllib.error.HTTPError as err:
+        raise TrackingError(f"MLflow server at {shown} answered /health with HTTP {err.code}") from None
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
-        raise TrackingError(f"MLflow server at {uri} is unreachable ({reason}); start it or pass another --tracking-uri") from None
+        raise TrackingError(f"MLflow server at {shown} is unreachable ({reason}); start it or pass another --tracking-uri") from None
+
+
+def quoted(value: str) -> str:
+    """`value` as a string literal of an MLflow filter: single-quoted, or double-quoted if it holds a quote."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise TrackingError(f"cannot search MLflow for a value holding both quote characters: {value!r}")
+
+
+def driver_identity() -> str:
+    """host:pid:start-time of this process, so a later reader can tell whether the sweep's driver still lives."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+
+
+def _process_start(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def driver_alive(identity: Optional[str]) -> Optional[bool]:
+    """Whether the process named by `driver_identity()` still runs; None when it ran on another host."""
+    if not identity or identity.count(":") < 2:
+        return None
+    host, pid, start = identity.rsplit(":", 2)
+    if host != socket.gethostname():
+        return None
+    return pid.isdigit() and _process_start(int(pid)) == start
 
 
 def git_commit() -> Optional[str]:
@@ -97,8 +201,8 @@ class SweepTracker:
 
     def __init__(self, uri: str, experiment: str = EXPERIMENT) -> None:
         check_reachable(uri)
-        self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self.uri = credentials_to_environment(uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment_id = self._experiment(experiment)
         self.parent_id: Optional[str] = None
 
@@ -117,7 +221,7 @@ class SweepTracker:
 
     # ----- the sweep's parent run ------------------------------------------------------------------
     def start_sweep(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-        existing = self._find(f"tags.`{SWEEP_TAG}` = '{name}' and tags.stage = 'sweep'")
+        existing = self._find(f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'")
         if existing is not None:
             self.parent_id = existing.info.run_id
             self.client.update_run(self.parent_id, status="RUNNING")
@@ -126,13 +230,27 @@ class SweepTracker:
                                          tags={**tags, SWEEP_TAG: name, "stage": "sweep"})
             self.parent_id = run.info.run_id
             self._log(self.parent_id, params=flatten(params))
+        self._tag(self.parent_id, {STATE_TAG: "running", DRIVER_TAG: driver_identity(),
+                                   **{k: v for k, v in tags.items() if k == RESUME_TAG}})
         return self.parent_id
 
     def end_sweep(self, status: str, note: Optional[str] = None) -> None:
+        """Close the parent run; an interrupted sweep (KILLED) also closes every child still RUNNING, so no
+        run claims to be alive after its driver has gone."""
         assert self.parent_id is not None
         if note:
             self.client.set_tag(self.parent_id, "failure_reason", note[:5000])
+        state = {"FINISHED": "finished", "KILLED": "interrupted"}.get(status, "failed")
+        self.client.set_tag(self.parent_id, STATE_TAG, state)
+        if status != "FINISHED":
+            for run in self.children(nested=True):
+                if run.info.status == "RUNNING":
+                    self.client.set_terminated(run.info.run_id, status="KILLED")
         self.client.set_terminated(self.parent_id, status=status)
+
+    def _tag(self, run_id: str, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
 
     def log_artifacts(self, directory: Path, artifact_path: Optional[str] = None) -> None:
         assert self.parent_id is not None
@@ -166,11 +284,14 @@ class SweepTracker:
             self._log(run, metrics=numeric_metrics(metrics), step=int(metrics.get("epoch", step)))
         self._log(run, metrics=numeric_metrics({f"final/{k}": v for k, v in stage.get("metrics", {}).items()}
                                                | {"seconds": stage.get("seconds", 0.0)}))
+        weights = Path(str(stage.get("facts", {}).get(STAGE_WEIGHTS_FACT, "")))
+        if weights.is_file():  # a pre-trained featurizer, so a later run can start from it (absent on another host)
+            self.client.log_artifact(run, str(weights), name)
         self.client.set_terminated(run, status="FINISHED")
 
     def _nested(self, parent: str, key: str, run_name: str, params: Mapping[str, Any],
                 tags: Mapping[str, str]) -> tuple[str, bool]:
-        existing = self._find(f"tags.`{KEY_TAG}` = '{key}' and tags.`{PARENT_TAG}` = '{parent}'")
+        existing = self._find(f"tags.`{KEY_TAG}` = {quoted(key)} and tags.`{PARENT_TAG}` = {quoted(parent)}")
         if existing is not None:
             self.client.update_run(existing.info.run_id, status="RUNNING")
             return existing.info.run_id, False
@@ -181,9 +302,11 @@ class SweepTracker:
     def log_metrics(self, run_id: str, metrics: Mapping[str, Any], step: int) -> None:
         self._log(run_id, metrics=numeric_metrics(metrics), step=step)
 
-    def end_child(self, run_id: str, status: str, reason: Optional[str] = None) -> None:
+    def end_child(self, run_id: str, status: str, reason: Optional[str] = None,
+                  tags: Optional[Mapping[str, str]] = None) -> None:
         if reason:
             self.client.set_tag(run_id, "failure_reason", reason[:5000])
+        self._tag(run_id, tags or {})
         self.client.set_terminated(run_id, status=status)
 
     def _log(self, run_id: str, params: Optional[dict[str, str]] = None, metrics: Optional[dict[str, float]] = None,
@@ -196,30 +319,76 @@ class SweepTracker:
             tags=[],
         )
 
-    def children(self) -> list[Any]:
+    def children(self, nested: bool = False) -> list[Any]:
+        """The trial and replicate runs of this sweep; with `nested`, their stage runs too."""
         assert self.parent_id is not None
-        return self.client.search_runs([self.experiment_id], f"tags.`{PARENT_TAG}` = '{self.parent_id}'", max_results=10000)
+        found, frontier = [], [self.parent_id]
+        while frontier:
+            runs = [run for parent in frontier for run in self.client.search_runs(
+                [self.experiment_id], f"tags.`{PARENT_TAG}` = {quoted(parent)}", max_results=10000)]
+            found += runs
+            frontier = [run.info.run_id for run in runs] if nested else []
+        return found
 
 
 # ----- reading a finished sweep back ------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepState:
+    """Where a sweep stands, as its parent run says: the line `raybench results` prints above the table."""
+
+    state: str  # finished, interrupted, failed, running, or interrupted-driver-gone
+    resume_command: Optional[str]
+
+    @property
+    def resumable(self) -> bool:
+        return self.state not in ("finished", "running")
+
+    def line(self, name: str) -> str:
+        words = {
+            "finished": f"sweep {name}: finished",
+            "running": f"sweep {name}: running (its driver is alive, or on another host)",
+            "interrupted": f"sweep {name}: INTERRUPTED before it finished; its results are partial",
+            "driver-gone": f"sweep {name}: INTERRUPTED (its driver process is gone); its results are partial",
+            "failed": f"sweep {name}: FAILED; its results are partial",
+        }
+        line = words.get(self.state, f"sweep {name}: {self.state}")
+        if self.resumable and self.resume_command:
+            line += f"; resume with: {self.resume_command}"
+        return line
+
+
+def sweep_state(parent: Any) -> SweepState:
+    tags = parent.data.tags
+    state = tags.get(STATE_TAG) or {"FINISHED": "finished", "KILLED": "interrupted"}.get(parent.info.status, "running")
+    if parent.info.status == "RUNNING" and driver_alive(tags.get(DRIVER_TAG)) is False:
+        state = "driver-gone"
+    elif parent.info.status == "RUNNING":
+        state = "running"
+    return SweepState(state, tags.get(RESUME_TAG))
+
+
 def load_sweep_results(uri: str, name: str) -> dict[str, Any]:
-    """The parent run of sweep `name` and its `results/summary.json` artifact."""
+    """The parent run of sweep `name` and its `results/summary.json` artifact, with where the sweep stands."""
     check_reachable(uri)
-    client = MlflowClient(tracking_uri=uri)
+    shown = redact_uri(uri)
+    client = MlflowClient(tracking_uri=credentials_to_environment(uri))
     experiment = client.get_experiment_by_name(EXPERIMENT)
     if experiment is None:
-        raise TrackingError(f"no raybench sweeps in the MLflow store at {uri}")
-    runs = client.search_runs([experiment.experiment_id], f"tags.`{SWEEP_TAG}` = '{name}' and tags.stage = 'sweep'",
+        raise TrackingError(f"no raybench sweeps in the MLflow store at {shown}")
+    runs = client.search_runs([experiment.experiment_id], f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'",
                               max_results=1)
     if not runs:
-        raise TrackingError(f"no sweep named {name!r} in the MLflow store at {uri}")
+        raise TrackingError(f"no sweep named {name!r} in the MLflow store at {shown}")
     parent = runs[0]
+    state = sweep_state(parent)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = client.download_artifacts(parent.info.run_id, "results/summary.json", tmp)
-        except Exception as err:  # MLflow raises several types for a missing artifact
-            raise TrackingError(f"sweep {name!r} has no results yet (status {parent.info.status}): {err}") from None
+        except Exception:  # MLflow raises several types for a missing artifact
+            raise TrackingError(f"{state.line(name)}; no results were recorded yet") from None
         summary = json.loads(Path(path).read_text())
     summary["mlflow_run_id"] = parent.info.run_id
     summary["mlflow_status"] = parent.info.status
+    summary["state_line"] = state.line(name)
+    summary["tracking_state"] = state.state
     return summary

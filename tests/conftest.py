@@ -72,14 +72,40 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def stop_processes_under(path: str) -> None:
-    """Stop every process whose command line names `path` (a private Ray temp dir), never a host-wide `ray stop`."""
-    subprocess.run(["pkill", "-TERM", "-f", "--", path], check=False)
-    for _ in range(40):
-        if subprocess.run(["pgrep", "-f", "--", path], capture_output=True).returncode != 0:
-            return
-        time.sleep(0.25)
-    subprocess.run(["pkill", "-KILL", "-f", "--", path], check=False)
+def processes_under(path: str) -> list:
+    """The processes (psutil) whose command line names `path` itself or something inside it, this one excepted.
+
+    `/tmp/rbt-ab` matches `/tmp/rbt-ab`, `--temp-dir=/tmp/rbt-ab` and `--log_dir=/tmp/rbt-ab/session_x/logs`,
+    never `/tmp/rbt-abc` nor `/var/tmp/rbt-ab`."""
+    import re
+
+    import psutil
+
+    path = os.path.normpath(path)
+    assert path not in ("/", "/tmp", tempfile.gettempdir()), f"refusing to match every process under {path}"
+    names = re.compile(r"(?:^|[=:,\s'\"])" + re.escape(path) + r"(?:/|$|[:,\s'\"])")
+    return [proc for proc in psutil.process_iter(["cmdline"])
+            if proc.pid != os.getpid() and any(names.search(arg) for arg in proc.info["cmdline"] or ())]
+
+
+def stop_processes_under(path: str, grace: float = 10.0) -> None:
+    """Stop every process whose command line names `path` (a private Ray temp dir): TERM, then KILL whatever
+    is left after `grace` seconds. Never a host-wide `ray stop`, never a pattern match by pkill."""
+    import psutil
+
+    procs = processes_under(path)
+    for proc in procs:
+        try:
+            proc.terminate()  # psutil checks the create time first, so a reused PID is never signalled
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 @pytest.fixture(scope="session")

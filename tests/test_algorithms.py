@@ -31,12 +31,12 @@ def batches(dataset, n_labeled: int = 8, n_unlabeled: int = 24) -> tuple[Batch, 
 
 
 def round_context(dataset, algorithm, stage_cache) -> RoundContext:
-    """The services a real trainer offers (splits, stages, prediction), with a stub teacher for Noisy Student."""
+    """The services a real trainer offers (splits, stages, prediction), with a stub for model checkpoints."""
     config = TrainConfig.from_flat({"dataset": dataset.name, "algorithm": algorithm.name, "epochs": 1,
                                     "device": "cpu", "stage_cache": str(stage_cache)})
     context = Trainer(config, dataset=dataset)._round_context(0)
     teacher = lenet(dataset)
-    return dataclasses.replace(context, train_teacher=lambda: (teacher, "test teacher"), load_model=lambda path: teacher)
+    return dataclasses.replace(context, load_model=lambda path, setting: teacher)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS.names())
@@ -133,12 +133,13 @@ def test_noisy_student_has_dropout_before_the_head(tiny_dataset):
 
 
 def test_noisy_student_learns_the_teachers_labels(tiny_dataset, tmp_path):
-    algorithm = build_algorithm("noisy_student", lenet(tiny_dataset), {}, context_for(tiny_dataset))
+    hparams = {"teacher_checkpoint": "teacher.pt"}  # the stub context hands over a fixed teacher
+    algorithm = build_algorithm("noisy_student", lenet(tiny_dataset), hparams, context_for(tiny_dataset))
     facts = algorithm.begin_round(round_context(tiny_dataset, algorithm, tmp_path))
-    assert facts == {"round_0/teacher_source": "test teacher"}
+    assert facts == {"round_0/teacher_source": "checkpoint teacher.pt"}
     assert algorithm.pseudo_labels.shape == (len(tiny_dataset.split("test_unlabeled")),)
     state = algorithm.state_dict()
-    fresh = build_algorithm("noisy_student", lenet(tiny_dataset), {}, context_for(tiny_dataset))
+    fresh = build_algorithm("noisy_student", lenet(tiny_dataset), hparams, context_for(tiny_dataset))
     fresh.load_state_dict(state)
     assert torch.equal(fresh.pseudo_labels, algorithm.pseudo_labels)
 

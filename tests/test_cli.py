@@ -25,7 +25,7 @@ def private_data_dir(tmp_path_factory, monkeypatch):
         (["train", "--dataset", "nope"], "--dataset: unknown dataset 'nope'; known: amazon, camelyon17"),
         (["train", "--set", "lr"], "--set: expected key=value, got 'lr'"),
         (["train", "--set", "lr=fast"], "--set lr: expected float, got 'fast'"),
-        (["train", "--set", "lr=-1"], "--set lr: expected a positive number, got -1.0"),
+        (["train", "--set", "lr=-1"], "--set lr: expected a finite positive number, got -1.0"),
         (["train", "--set", "batch_size=1"], "--set batch_size: expected an integer >= 2, got 1"),
         (["train", "--set", "batch_size=3.5"], "--set batch_size: expected int, got '3.5'"),
         (["train", "--algorithm", "erm", "--set", "penalty=1"], "--set penalty: not a setting of the trainer nor a hyperparameter of 'erm'"),

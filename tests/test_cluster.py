@@ -1,21 +1,27 @@
-"""cluster/: the launcher YAML validates against Ray's own autoscaler schema; the RayJob parses; the local
-head + MLflow server start, take a submitted job, and stop exactly what they started."""
+"""cluster/: the launcher YAML validates against Ray's own autoscaler schema; the RayJob parses and keeps its
+dashboard inside the pod network; the local head + MLflow server choose every port themselves, take a
+submitted job as soon as local-up returns, coexist with a second cluster, stop exactly what they started,
+and never adopt, kill or delete what is not theirs."""
 from __future__ import annotations
 
 import json
 import os
+import random
+import secrets
 import socket
 import subprocess
-import time
+import sys
+import tempfile
 from pathlib import Path
 
 import jsonschema
+import psutil
 import pytest
 import ray.autoscaler
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, REPO, run_cli
+from conftest import BIN, REPO, processes_under, run_cli
 
 CLUSTER = REPO / "cluster"
 
@@ -47,31 +53,271 @@ def test_rayjob_manifest_parses_and_runs_a_sweep():
     assert job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
-def free_port() -> int:
+def test_rayjob_dashboard_stays_inside_the_pod_network():
+    """KubeRay submits through the head Service, so the dashboard binds the pod's interfaces; that is only
+    acceptable while nothing publishes it beyond the cluster, and people use a port-forward."""
+    text = (CLUSTER / "rayjob.yaml").read_text()
+    head = yaml.safe_load(text)["spec"]["rayClusterSpec"]["headGroupSpec"]
+    if head["rayStartParams"].get("dashboard-host", "localhost") in ("localhost", "127.0.0.1"):
+        return  # loopback: nothing to justify
+    assert head.get("serviceType", "ClusterIP") == "ClusterIP", "a NodePort/LoadBalancer head publishes the dashboard"
+    assert head.get("enableIngress", False) is False, "an Ingress publishes the dashboard"
+    assert "kubectl port-forward svc/raybench-dann-head-svc 8265:8265" in text
+    assert "Why the dashboard binds 0.0.0.0" in text
+
+
+# ----- the local head + MLflow server (cluster/local-up.sh, cluster/local-down.sh) ------------------------
+BLOCK = 200  # local-up.sh's port block: RAYBENCH_PORT_BASE .. +199
+PORT_VARS = ("RAYBENCH_PORT_BASE", "RAY_PORT", "DASHBOARD_PORT", "RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT",
+             "RAYBENCH_DASHBOARD_AGENT_GRPC_PORT", "RAYBENCH_RUNTIME_ENV_AGENT_PORT", "RAYBENCH_METRICS_EXPORT_PORT",
+             "RAYBENCH_NODE_MANAGER_PORT", "RAYBENCH_OBJECT_MANAGER_PORT", "RAYBENCH_CLIENT_SERVER_PORT",
+             "DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT", "MLFLOW_PORT", "RAYBENCH_MIN_WORKER_PORT",
+             "RAYBENCH_MAX_WORKER_PORT")
+RAY_DEFAULT_PORTS = {6379, 8265, 52365, 10001, 44217, 44227}
+
+
+def port_is_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))  # Ray's GCS and raylet bind every interface
+        except OSError:
+            return False
+    return True
+
+
+def free_port_base(avoid: tuple[int, ...] = ()) -> int:
+    """A base whose whole block is free: between Ray's default worker ports (10002-19999) and the ephemeral
+    range (32768+), so neither another Ray nor an outgoing connection takes one of its ports meanwhile."""
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(20000, 32768 - BLOCK)
+        if all(abs(base - other) >= BLOCK for other in avoid) and all(map(port_is_free, range(base, base + BLOCK))):
+            return base
+    pytest.fail(f"no free block of {BLOCK} ports between 20000 and 32767")
+
+
+def cluster_env(sweep_env: dict, tmp_path: Path, name: str, base: int, **extra: str) -> dict:
+    token = tmp_path / "ray_auth_token"  # a private token: the tests never touch ~/.ray
+    if not token.exists():
+        token.write_text(secrets.token_hex(32))
+    env = {k: v for k, v in sweep_env.items() if k not in PORT_VARS and k != "RAY_TEMP_DIR"}
+    return {**env, "RAYBENCH_PORT_BASE": str(base), "RAYBENCH_CLUSTER_DIR": str(tmp_path / name),
+            "RAY_NUM_CPUS": "2", "RAYBENCH_BIN": str(BIN), "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token), **extra}
+
+
+def script(name: str, env: dict, *args: str, timeout: float = 420) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CLUSTER / name), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def port_plan(env: dict) -> dict[str, int]:
+    plan = script("local-up.sh", env, "--print-ports", timeout=30)
+    assert plan.returncode == 0, plan.stderr
+    return {name: int(port) for name, port in (line.split("=") for line in plan.stdout.split())}
+
+
+def recorded(state: Path) -> list[tuple[int, float]]:
+    return [(int(pid), float(created)) for pid, created in
+            (line.split() for line in (state / "ray.pids").read_text().splitlines())]
+
+
+def alive(pid: int, created: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - created) < 0.01
+    except psutil.NoSuchProcess:
+        return False
+
+
+def listening_ports(pids: list[int]) -> dict[int, set[int]]:
+    """TCP ports on which these processes or their descendants listen, by process."""
+    tree = set()
+    for pid in pids:
+        try:
+            tree |= {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
+        except psutil.NoSuchProcess:
+            pass
+    ports: dict[int, set[int]] = {}
+    for conn in psutil.net_connections("tcp"):
+        if conn.pid in tree and conn.status == psutil.CONN_LISTEN:
+            ports.setdefault(conn.pid, set()).add(conn.laddr.port)
+    return ports
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_port_plan_derives_every_port_from_one_base_and_each_can_be_overridden(sweep_env, tmp_path):
+    env = cluster_env(sweep_env, tmp_path, "plan", 30000)
+    first, second = port_plan(env), port_plan({**env, "RAYBENCH_PORT_BASE": "30200"})
+    assert set(first) == set(PORT_VARS[1:])
+
+    def used(plan):
+        fixed = {port for name, port in plan.items() if not name.endswith("_WORKER_PORT")}
+        assert len(fixed) == 12, "two roles share a port"
+        workers = set(range(plan["RAYBENCH_MIN_WORKER_PORT"], plan["RAYBENCH_MAX_WORKER_PORT"] + 1))
+        assert not fixed & workers, "a fixed port lies in the worker range"
+        return fixed | workers
+
+    assert used(first) <= set(range(30000, 30000 + BLOCK))
+    assert not used(first) & used(second), "clusters with bases 200 apart share a port"
+    default = port_plan({k: v for k, v in env.items() if k != "RAYBENCH_PORT_BASE"})
+    assert not used(default) & RAY_DEFAULT_PORTS and not 10002 <= default["RAYBENCH_CLIENT_SERVER_PORT"] <= 19999
+    assert port_plan({**env, "RAYBENCH_DASHBOARD_AGENT_GRPC_PORT": "30015"})["RAYBENCH_DASHBOARD_AGENT_GRPC_PORT"] == 30015
+
+    for bad in ({"RAYBENCH_CLIENT_SERVER_PORT": "12000"}, {"RAYBENCH_NODE_MANAGER_PORT": "30050"},
+                {"MLFLOW_PORT": "30000"}, {"RAYBENCH_PORT_BASE": "65500"}):
+        refused = script("local-up.sh", {**env, **bad}, "--print-ports", timeout=30)
+        assert refused.returncode == 2 and refused.stdout == "", (bad, refused.stdout)
+        assert len(refused.stderr.strip().splitlines()) == 1 and refused.stderr.startswith("local-up: "), refused.stderr
+
+
+def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env, tmp_path):
+    base_a = free_port_base()
+    base_b = free_port_base(avoid=(base_a,))
+    envs = {name: cluster_env(sweep_env, tmp_path, name, base) for name, base in (("a", base_a), ("b", base_b))}
+    plans = {name: port_plan(env) for name, env in envs.items()}
+    states = {name: Path(env["RAYBENCH_CLUSTER_DIR"]) for name, env in envs.items()}
+    try:
+        for name, env in envs.items():
+            up = script("local-up.sh", env)
+            assert up.returncode == 0, f"cluster {name}: {up.stderr}{up.stdout}"
+        for name, env in envs.items():
+            plan, state = plans[name], states[name]
+            ray_tmp = Path((state / "ray_temp_dir").read_text().strip())
+            assert ray_tmp.parent == Path("/tmp") and (ray_tmp / ".raybench-cluster").read_text().strip() == str(state)
+            # Every port its processes listen on is one it chose: none of Ray's defaults, none of the other's.
+            allowed = {port for n, port in plan.items() if not n.endswith("_WORKER_PORT")}
+            allowed |= set(range(plan["RAYBENCH_MIN_WORKER_PORT"], plan["RAYBENCH_MAX_WORKER_PORT"] + 1))
+            listening = listening_ports([pid for pid, _ in recorded(state)])
+            strays = {pid: sorted(ports - allowed) for pid, ports in listening.items() if ports - allowed}
+            assert not strays, f"cluster {name} listens outside its port plan: {strays}"
+            for role in ("RAY_PORT", "DASHBOARD_PORT", "RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT", "MLFLOW_PORT"):
+                assert answers(plan[role]), f"cluster {name}: nothing answers on {role}={plan[role]}"
+            # A job submitted right after local-up runs, and on this cluster, not on the other one.
+            probe = "import ray; ray.init(); print('GCS', ray.get_runtime_context().gcs_address)"
+            job = subprocess.run(
+                [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{plan['DASHBOARD_PORT']}",
+                 "--", sys.executable, "-c", probe],
+                env=env, capture_output=True, text=True, timeout=300)
+            assert job.returncode == 0 and "succeeded" in job.stdout, job.stdout[-3000:] + job.stderr[-3000:]
+            assert f":{plan['RAY_PORT']}\n" in job.stdout, job.stdout[-3000:]
+
+        pids_b = recorded(states["b"])
+        ray_tmp_a = Path((states["a"] / "ray_temp_dir").read_text().strip())
+        pids_a = recorded(states["a"])
+        down = script("local-down.sh", envs["a"], timeout=180)
+        assert down.returncode == 0, down.stderr
+        assert not [pid for pid, created in pids_a if alive(pid, created)], "local-down.sh left Ray processes of a"
+        assert not processes_under(str(ray_tmp_a)) and not ray_tmp_a.exists()
+        assert not [role for role, port in plans["a"].items() if not role.endswith("_WORKER_PORT") and answers(port)]
+        assert not {"ray_temp_dir", "ray.pids", "mlflow.pid"} & {p.name for p in states["a"].iterdir()}
+        assert all(alive(pid, created) for pid, created in pids_b), "stopping cluster a hit cluster b"
+        assert answers(plans["b"]["RAY_PORT"]) and answers(plans["b"]["MLFLOW_PORT"])
+
+        down = script("local-down.sh", envs["b"], timeout=180)
+        assert down.returncode == 0, down.stderr
+        assert not [pid for pid, created in pids_b if alive(pid, created)], "local-down.sh left Ray processes of b"
+        assert not [role for role, port in plans["b"].items() if not role.endswith("_WORKER_PORT") and answers(port)]
+    finally:
+        for env in envs.values():
+            script("local-down.sh", env, timeout=180)  # a no-op for a cluster already stopped
+
+
+@pytest.fixture
+def fake_bin(tmp_path) -> Path:
+    """A bin dir whose `ray` and `mlflow` only note that they ran: a refusal test must start nothing, and
+    should local-up regress, it still starts nothing real."""
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    for tool in ("ray", "mlflow"):
+        (fake / tool).write_text(f'#!/bin/sh\necho "$0 $*" >> "{fake}/ran"\nexit 1\n')
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("kind", ["tmp-root", "non-empty", "marked-for-another-cluster"])
+def test_local_up_refuses_a_temp_dir_it_did_not_create(kind, sweep_env, tmp_path, fake_bin):
+    sentinel = None
+    if kind == "tmp-root":
+        ray_tmp = Path("/tmp")
+        fd, sentinel = tempfile.mkstemp(prefix="rb-sentinel-", dir="/tmp")
+        os.close(fd)
+    else:
+        ray_tmp = Path(sweep_env["RAY_TMPDIR"])  # short, under /tmp, private to this test
+        (ray_tmp / "precious.txt").write_text("keep me")
+        if kind == "marked-for-another-cluster":
+            (ray_tmp / ".raybench-cluster").write_text(str(tmp_path / "another") + "\n")
+    env = cluster_env(sweep_env, tmp_path, "state", free_port_base(), RAY_TEMP_DIR=str(ray_tmp),
+                      RAYBENCH_BIN=str(fake_bin))
+    state = Path(env["RAYBENCH_CLUSTER_DIR"])
+    try:
+        up = script("local-up.sh", env, timeout=60)
+        assert up.returncode == 2, up.stdout + up.stderr
+        assert len(up.stderr.strip().splitlines()) == 1 and "RAY_TEMP_DIR" in up.stderr, up.stderr
+        assert not (fake_bin / "ran").exists(), "local-up started something: " + (fake_bin / "ran").read_text()
+        assert not (state / "ray_temp_dir").exists()
+        if sentinel:
+            assert Path(sentinel).exists()
+            assert not (ray_tmp / ".raybench-cluster").exists()
+        else:
+            assert (ray_tmp / "precious.txt").read_text() == "keep me"
+            assert sorted(p.name for p in ray_tmp.iterdir()) == sorted(
+                ["precious.txt"] + ([".raybench-cluster"] if kind == "marked-for-another-cluster" else []))
+    finally:
+        if sentinel:
+            os.unlink(sentinel)
+
+
+@pytest.mark.parametrize("kind", ["unmarked", "marked-for-another-cluster"])
+def test_local_down_with_a_tampered_state_kills_and_deletes_nothing(kind, tmp_path):
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    (victim_dir / "precious.txt").write_text("keep me")
+    if kind == "marked-for-another-cluster":
+        (victim_dir / ".raybench-cluster").write_text(str(tmp_path / "another") + "\n")
+    # A process that names the folder on its command line: the old `pkill -f` would have killed it.
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(victim_dir)])
+    try:
+        state = tmp_path / "state"
+        state.mkdir()
+        (state / "ray_temp_dir").write_text(f"{victim_dir}\n")
+        # Its PID, but not its create time: a recorded PID that has since been reused by someone else.
+        (state / "ray.pids").write_text(f"{victim.pid} {psutil.Process(victim.pid).create_time() - 100.0!r}\n")
+        env = {**os.environ, "RAYBENCH_CLUSTER_DIR": str(state), "RAYBENCH_BIN": str(BIN), "RAYBENCH_STOP_GRACE": "2"}
+        down = script("local-down.sh", env, timeout=120)
+        assert down.returncode == 2, down.stdout + down.stderr
+        assert down.stderr.strip().splitlines() == [
+            f"local-down: not deleting {victim_dir}: it carries no local-up marker naming {state}"]
+        assert (victim_dir / "precious.txt").read_text() == "keep me"
+        assert victim.poll() is None, "local-down.sh killed a process it did not start"
+        assert (state / "ray_temp_dir").exists(), "the suspicious record must stay for inspection"
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 def test_job_submission_to_a_local_head_with_an_http_mlflow_server(tmp_path, sweep_env):
-    state = tmp_path / "cluster"
-    ports = {"RAY_PORT": str(free_port()), "DASHBOARD_PORT": str(free_port()), "MLFLOW_PORT": str(free_port())}
-    env = {**sweep_env, **ports, "RAYBENCH_CLUSTER_DIR": str(state), "RAY_NUM_CPUS": "2",
-           "RAY_TEMP_DIR": sweep_env["RAY_TMPDIR"], "RAYBENCH_BIN": str(BIN), "RAY_AUTH_MODE": "token"}
-    up = subprocess.run([str(CLUSTER / "local-up.sh")], env=env, capture_output=True, text=True, timeout=180)
+    ray_tmp = sweep_env["RAY_TMPDIR"]  # an empty folder given as RAY_TEMP_DIR is adopted (and marked)
+    env = cluster_env(sweep_env, tmp_path, "cluster", free_port_base(), RAY_TEMP_DIR=ray_tmp)
+    plan, state = port_plan(env), Path(env["RAYBENCH_CLUSTER_DIR"])
+    up = script("local-up.sh", env)
     try:
         assert up.returncode == 0, up.stderr + up.stdout
-        dashboard, mlflow_uri = f"http://127.0.0.1:{ports['DASHBOARD_PORT']}", f"http://127.0.0.1:{ports['MLFLOW_PORT']}"
-        for _ in range(12):  # the head's job agent can still be starting when the dashboard already answers
-            submit = subprocess.run(
-                [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", str(REPO), "--",
-                 "raybench", "sweep", "erm", "--smoke", "--address", "auto", "--name", "job",
-                 "--tracking-uri", mlflow_uri, "--storage", str(tmp_path / "runs")],
-                env=env, capture_output=True, text=True, timeout=600,
-            )
-            if "No available agent" not in submit.stdout + submit.stderr:
-                break
-            time.sleep(5)
+        pids = recorded(state)
+        dashboard, mlflow_uri = f"http://127.0.0.1:{plan['DASHBOARD_PORT']}", f"http://127.0.0.1:{plan['MLFLOW_PORT']}"
+        # No retries: local-up returns only once the job agent has run a job.
+        submit = subprocess.run(
+            [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", str(REPO), "--",
+             "raybench", "sweep", "erm", "--smoke", "--address", "auto", "--name", "job",
+             "--tracking-uri", mlflow_uri, "--storage", str(tmp_path / "runs")],
+            env=env, capture_output=True, text=True, timeout=600,
+        )
         assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-3000:]
         client = MlflowClient(tracking_uri=mlflow_uri)
         experiment = client.get_experiment_by_name("raybench")
@@ -82,10 +328,10 @@ def test_job_submission_to_a_local_head_with_an_http_mlflow_server(tmp_path, swe
         results = run_cli(["results", "job", "--format", "json", "--tracking-uri", mlflow_uri], env, tmp_path)
         assert results.returncode == 0 and json.loads(results.stdout)["name"] == "job"
     finally:
-        down = subprocess.run([str(CLUSTER / "local-down.sh")], env=env, capture_output=True, text=True, timeout=120)
+        down = script("local-down.sh", env, timeout=180)
     assert down.returncode == 0, down.stderr
-    leftover = subprocess.run(["pgrep", "-f", "--", sweep_env["RAY_TMPDIR"]], capture_output=True, text=True)
-    assert leftover.stdout.strip() == "", "local-down.sh left Ray processes running"
-    with socket.socket() as s:
-        assert s.connect_ex(("127.0.0.1", int(ports["MLFLOW_PORT"]))) != 0, "local-down.sh left MLflow running"
+    assert not [pid for pid, created in pids if alive(pid, created)], "local-down.sh left Ray processes running"
+    assert not processes_under(ray_tmp), "local-down.sh left Ray processes running"
+    assert not answers(plan["MLFLOW_PORT"]), "local-down.sh left MLflow running"
+    assert not Path(ray_tmp).exists(), "local-down.sh kept the temp dir it had marked"
     assert not (state / "mlflow.pid").exists() and not (state / "ray_temp_dir").exists()

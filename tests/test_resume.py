@@ -39,6 +39,9 @@ def test_killed_sweep_resumes_to_exactly_n_trials(tmp_path, sweep_env):
         proc.wait()
         stop_processes_under(sweep_env["RAY_TMPDIR"])
     finished_before = {r.data.tags["trial_id"] for r in _finished_search_runs(uri)}
+    shown = run_cli(["results", "resume", "--tracking-uri", uri], sweep_env, tmp_path)
+    assert "INTERRUPTED (its driver process is gone)" in shown.stderr + shown.stdout
+    assert "resume with: raybench sweep erm" in shown.stderr + shown.stdout and "--resume" in shown.stderr + shown.stdout
 
     resumed = run_cli([*args, "--resume"], sweep_env, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]

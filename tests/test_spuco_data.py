@@ -12,9 +12,17 @@ import torch.nn.functional as F
 
 from raybench.data import DATASETS, ShiftDataset, TaskKind, load_dataset
 from raybench.data import spuco
+from raybench.data.base import MIN_GROUP_EXAMPLES, warn_small_groups
 
 # Sizes the module docstring promises; written out so a change to the constants is noticed.
 DOCUMENTED_SIZES = {"train": 50_000, "val": 30_000, "test": 2_500}
+# spuco-fashion: all 70,000 Fashion-MNIST images, each rendered once (train file 80/20 into train/val).
+FASHION_SIZES = {"train": 48_000, "val": 12_000, "test": 10_000}
+# Per class in train and val: (majority, each of the 4 minority groups); test: every group.
+FASHION_GROUPS = {"train": (9_552, 12), "val": (2_388, 3)}
+FASHION_TEST_PER_GROUP = 400
+# Before the whole-file sizes (6,000 / 1,000 / 200): a cache written with them must not be reused.
+OLD_FASHION_SIZES = spuco.SpuCoSizes(train_per_class=6_000, val_per_class=1_000, test_per_group=200)
 # Small enough to render in well under a second, large enough that default strength fills every group
 # (round(1000 x 0.005) = 5 and round(800 x 0.005) = 4 minority examples per class).
 SMALL = spuco.SpuCoSizes(train_per_class=1_000, val_per_class=800, test_per_group=8)
@@ -264,12 +272,43 @@ def fashion_available() -> bool:
     return all((folder / f).exists() for pair in spuco.FASHION_FILES.values() for f in pair)
 
 
-def test_spuco_fashion_renders_from_the_debian_files(tmp_path: Path) -> None:
+def require_fashion() -> None:
+    """Skip without the Debian files, unless RAYBENCH_REQUIRE_FASHION_MNIST=1 says they must be there."""
     if not fashion_available():
         reason = f"Fashion-MNIST not at {spuco.fashion_dir()}: `apt-get install dataset-fashion-mnist`"
         if os.environ.get("RAYBENCH_REQUIRE_FASHION_MNIST") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
+
+
+def test_spuco_fashion_uses_all_of_fashion_mnist_with_documented_groups(tmp_path: Path) -> None:
+    require_fashion()
+    ds = load_dataset("spuco-fashion", data_dir=tmp_path, seed=0)
+    assert {name: len(s) for name, s in ds.splits.items()} == FASHION_SIZES
+    for name, (majority, minority) in FASHION_GROUPS.items():
+        counts = torch.bincount(ds.split(name).group, minlength=25).view(5, 5)
+        for k in range(5):
+            assert counts[k, k] == majority, (name, k)
+            assert [int(counts[k, c]) for c in range(5) if c != k] == [minority] * 4, (name, k)
+    assert torch.equal(torch.bincount(ds.split("test").group, minlength=25), torch.full((25,), FASHION_TEST_PER_GROUP))
+    # Every image of both files is rendered exactly once: train/val from the train file, test from the test file.
+    arrays = np.load(spuco.cache_path(tmp_path, "spuco-fashion", spuco.SpuCoSettings(),
+                                      spuco.BASES["spuco-fashion"].sizes, 0))
+    base = spuco.load_fashion_base()
+    used = {name: arrays[f"{name}.base_index"] for name in spuco.SPLITS}
+    assert np.array_equal(np.sort(np.concatenate(list(used.values()))), np.arange(70_000))
+    assert set(used["test"].tolist()) == set(base.parts["test"].tolist())
+    assert len(used["val"]) == len(base.parts["train"]) // 5
+
+
+def test_spuco_fashion_cache_key_differs_from_the_old_sizes(tmp_path: Path) -> None:
+    new = spuco.cache_path(tmp_path, "spuco-fashion", spuco.SpuCoSettings(), spuco.BASES["spuco-fashion"].sizes, 0)
+    old = spuco.cache_path(tmp_path, "spuco-fashion", spuco.SpuCoSettings(), OLD_FASHION_SIZES, 0)
+    assert new != old
+
+
+def test_spuco_fashion_renders_from_the_debian_files(tmp_path: Path) -> None:
+    require_fashion()
     sizes = spuco.SpuCoSizes(train_per_class=800, val_per_class=800, test_per_group=4)
     ds = spuco.build_spuco("spuco-fashion", spuco.SpuCoSettings(magnitude="medium"), tmp_path, 0, sizes=sizes)
     assert ds.input_shape == (3, 28, 28) and ds.name == "spuco-fashion"
@@ -294,3 +333,41 @@ def test_missing_fashion_files_name_the_path_and_the_apt_package(tmp_path: Path,
     assert str(tmp_path / "empty" / "train-images-idx3-ubyte.gz") in message
     cache = tmp_path / "data" / "spuco-fashion"
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_small_validation_groups_are_named_in_one_warning_line(tmp_path: Path, capsys) -> None:
+    # SMALL: round(800 x 0.005) = 4 validation minority examples per class, one per minority group.
+    ds = spuco.build_spuco("spuco-digits", spuco.SpuCoSettings(), tmp_path, 0, sizes=SMALL, name="tiny-spuco")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(lines) == 1
+    line = lines[0]
+    assert "'tiny-spuco'" in line and "split 'val'" in line and f"fewer than {MIN_GROUP_EXAMPLES} examples" in line
+    assert "20 group(s)" in line and "0-1/green 1" in line and "(+15 more)" in line
+    # The helper returns the same line, for any split and minimum; a split without small groups says nothing.
+    assert warn_small_groups(ds, "val") == line
+    assert warn_small_groups(ds, "val", minimum=1) is None
+    assert warn_small_groups(ds, "test", minimum=8) is None and warn_small_groups(ds, "test", minimum=9) is not None
+    assert warn_small_groups(ds, "id_val") is None
+
+
+def test_big_enough_validation_groups_build_silently(tmp_path: Path, capsys) -> None:
+    # round(8,000 x 0.005) = 40 validation minority examples per class: exactly 10 per minority group.
+    sizes = spuco.SpuCoSizes(train_per_class=1_000, val_per_class=8_000, test_per_group=8)
+    ds = spuco.build_spuco("spuco-digits", spuco.SpuCoSettings(), tmp_path, 0, sizes=sizes)
+    assert int(torch.bincount(ds.split("val").group).min()) == MIN_GROUP_EXAMPLES
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_truncated_cache_is_rebuilt_with_one_line(tmp_path: Path, capsys) -> None:
+    settings = spuco.SpuCoSettings(variance="medium")
+    first = spuco.build_spuco("spuco-digits", settings, tmp_path, 0, sizes=SMALL)
+    path = spuco.cache_path(tmp_path, "spuco-digits", settings, SMALL, 0)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    capsys.readouterr()
+    rebuilt = spuco.build_spuco("spuco-digits", settings, tmp_path, 0, sizes=SMALL)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "cache" in line]
+    assert len(lines) == 1 and str(path) in lines[0]
+    for name in spuco.SPLITS:
+        assert torch.equal(rebuilt.split(name).x, first.split(name).x), name
+    with np.load(path) as archive:  # the file was replaced by a sound one
+        assert np.array_equal(archive["train.x"], first.split("train").x.numpy())

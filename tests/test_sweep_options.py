@@ -48,7 +48,7 @@ def test_an_existing_sweep_is_not_overwritten_without_resume(tmp_path):
         (["sweep", "erm", "--set", "lr=fast"], "--set lr: expected float, got 'fast'"),
         (["sweep", "erm", "--dataset", "nope"], "unknown dataset 'nope'; known: amazon, camelyon17"),
         (["sweep", "erm", "--trials", "0"], "--trials: expected an integer >= 1, got 0"),
-        (["sweep", "erm", "--gpus-per-worker", "-1"], "--gpus-per-worker: expected a number >= 0, got -1.0"),
+        (["sweep", "erm", "--gpus-per-worker", "-1"], "--gpus-per-worker: expected a finite number >= 0, got -1.0"),
     ],
 )
 def test_bad_sweep_input_gets_one_line_and_starts_nothing(argv, message, capsys, tmp_path):

@@ -251,7 +251,7 @@ def test_replicates_default_to_the_papers_count_per_dataset(wilds_env):
     ("amazon", "pseudolabel"), ("ogb-molpcba", "coral"),                # joint text / graph batches
 ])
 def test_unlabeled_methods_train_on_every_task(name, algorithm, wilds_env):
-    extra = {"iterations": 1} if algorithm == "noisy_student" else {}
+    extra = {"iterations": 1, "teacher_epochs": 1} if algorithm == "noisy_student" else {}
     result = Trainer(quick_config(name, algorithm, batch_size=8, unlabeled_ratio=1, **extra)).fit()
     assert math.isfinite(result.final_metrics["train/loss/total"])
     assert math.isfinite(result.final_metrics[f"val/{SPECS[name].selection}"])

@@ -9,6 +9,7 @@ from raybench.algorithms.base import (
     Hparams,
     RoundContext,
     SamplingPlan,
+    ScoredRows,
     StageModel,
     StepOutput,
 )
@@ -30,6 +31,6 @@ def build_algorithm(name: str, model: FeaturizerHead, hparams: dict[str, Any], c
 
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "SamplingPlan", "StageModel", "StepOutput",
-    "build_algorithm", "parse_hparams", "register",
+    "ALGORITHMS", "Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "SamplingPlan", "ScoredRows", "StageModel",
+    "StepOutput", "build_algorithm", "parse_hparams", "register",
 ]

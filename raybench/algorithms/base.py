@@ -3,7 +3,7 @@
 An algorithm owns a `FeaturizerHead` (plus any extra modules, e.g. DANN's discriminator) and turns
 one labeled batch and, if it uses unlabeled data, one unlabeled batch into a loss and a few logged
 numbers (`objective`). Epochs, accumulation, optimisers, evaluation, checkpoints and reporting belong
-to the one trainer (raybench/train.py), so an algorithm file stays the size of its loss function.
+to the one trainer (`Trainer` in raybench/trainer/loop.py), so an algorithm file stays the size of its loss function.
 
 Hyperparameters are a dataclass per algorithm (`Hparams`), so their names, types and defaults are
 declared once and validated before anything runs.
@@ -116,22 +116,32 @@ class StageModel:
     metrics: dict[str, float]
 
 
+@dataclass(frozen=True)
+class ScoredRows:
+    """The rows of an evaluation split an algorithm may be scored on, because it fit something on the others
+    (DFR's last layer on part of `val`); `note` says so in words for the run's `selection_note`."""
+
+    rows: Tensor
+    note: str
+
+
 @dataclass
 class RoundContext:
     """Services the trainer offers multi-round and multi-stage algorithms at the start of each round.
 
-    `previous_model` is the best model of the previous round; `train_teacher` runs the trainer on a
-    teacher config; `load_model` reads a raybench checkpoint; `predict` runs a model over a split.
-    `train_stage(name, overrides, dataset, identity)` trains an earlier stage (a reference model, a group
-    predictor) with the one trainer, cached on disk by the hash of its own config so trials that share it
-    train it once; `report_stage(name, metrics, facts)` records a stage that trains nothing (group inference).
+    `previous_model` is the best model of the previous round; `load_model(path, setting)` reads a raybench
+    model checkpoint that the hyperparameter `setting` names (an unusable file is an error on that setting);
+    `predict` runs a model over a split, its random views seeded by (seed, round) alone, so every
+    data-parallel rank draws the same. `train_stage(name, overrides, dataset, identity, use_final)` trains
+    an earlier stage (a reference model, a group predictor, a teacher) with the one trainer at the dataset's
+    defaults, cached on disk by the hash of its own config so trials that share it train it once;
+    `report_stage(name, metrics, facts)` records a stage that trains nothing (group inference).
     """
 
     round: int
     unlabeled: Optional[Split]
     previous_model: Optional[FeaturizerHead]
-    train_teacher: Callable[[], tuple[FeaturizerHead, str]]
-    load_model: Callable[[str], FeaturizerHead]
+    load_model: Callable[[str, str], FeaturizerHead]
     predict: Callable[[nn.Module, Split, Callable[[Tensor], Tensor]], Tensor]
     train: Optional[Split] = None
     split: Optional[Callable[[str], Split]] = None
@@ -163,6 +173,7 @@ SUPERVISED_LOSSES: dict[TaskKind, Callable[[Tensor, Tensor], Tensor]] = {
 CAPABILITIES: dict[str, str] = {
     "strong_augmentation": "strong augmentation (RandAugment-style views, which text, graphs and detection lack here)",
     "features": "a feature vector to align (a detector has none)",
+    "text": "raw text a BERT-family tokenizer reads (masked-LM pre-training)",
 }
 
 
@@ -222,6 +233,7 @@ class Algorithm(nn.Module, ABC):
         """Optimiser parameter groups; DANN overrides this for its three learning rates."""
         return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
 
+
     @property
     def rounds(self) -> int:
         """How many train-from-scratch rounds the trainer runs (Noisy Student's teacher-student iterations)."""
@@ -229,6 +241,18 @@ class Algorithm(nn.Module, ABC):
 
     def begin_round(self, context: RoundContext) -> dict[str, str]:
         """Called before each round; returns facts worth logging (e.g. where the teacher came from)."""
+        return {}
+
+    @classmethod
+    def model_files(cls, hparams: Hparams) -> dict[str, str]:
+        """Model checkpoints these settings name, by setting (Noisy Student's `teacher_checkpoint`): the trainer
+        reads each when it is built, so a bad file fails before any training."""
+        return {}
+
+    def scored_rows(self) -> Mapping[str, ScoredRows]:
+        """Evaluation splits this algorithm may be scored on only in part, by split name; the trainer reports
+        (and a sweep selects on) those rows alone. Called at every evaluation, also after a resume, so what it
+        depends on must be in the state dict."""
         return {}
 
     def sampling(self, train: Split) -> Optional[SamplingPlan]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -11,12 +11,13 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.preprocessing import StandardScaler
 from torch import nn
 
-from raybench.algorithms.base import Algorithm, RoundContext, StepOutput
+from raybench.algorithms.base import Algorithm, AlgorithmContext, RoundContext, ScoredRows, StepOutput
 from raybench.algorithms.groups import ReferenceHparams, parse_grid, train_reference
 from raybench.algorithms.registry import register
 from raybench.algorithms.ssa import split_halves
 from raybench.data.base import Batch, Split, TaskKind
 from raybench.metrics import worst_group_accuracy
+from raybench.models.base import FeaturizerHead
 
 DEFAULT_C_GRID = "1.0,0.7,0.3,0.1,0.07,0.03,0.01"  # SpuCo App. B
 
@@ -26,7 +27,7 @@ class DFRHparams(ReferenceHparams):
     reference_epochs: Optional[int] = None  # the full ERM run by default (SpuCo: no early stopping)
     c_grid: str = DEFAULT_C_GRID  # inverse l1 strengths tried; the best on the held-out half is used
     n_ensemble: int = 10
-    tune_fraction: float = 0.5  # share of the validation split that fits while C is chosen on the rest
+    tune_fraction: float = 0.5  # share of the validation split the head is fit on; the rest chooses C and the trial
 
     def __post_init__(self) -> None:
         parse_grid(self.c_grid, "c_grid")
@@ -79,11 +80,13 @@ class DFR(Algorithm):
 
     Stages:
       1. reference: ERM (all epochs, weights after the last);
-      2. last_layer: with the featurizer f frozen, embeddings z = f(x) of the group-labeled validation split;
-         for each C in `c_grid`, fit l1 logistic regressions on group-balanced subsamples of `tune_fraction`
-         of it and score worst-group accuracy on the rest; with the best C, average the weights of
-         `n_ensemble` fits on group-balanced subsamples of the whole validation split into the head g.
-    Nothing is trained by gradient descent afterwards: the trainer evaluates the refitted model once.
+      2. last_layer: with the featurizer f frozen, embeddings z = f(x) of the group-labeled validation split,
+         partitioned (stratified by group) into a fit part (`tune_fraction`) and a held-out rest; for each C
+         in `c_grid`, average `n_ensemble` l1 logistic regressions fit on group-balanced subsamples of the
+         fit part and score worst-group accuracy on the held-out rest; the best C's head becomes g.
+    Nothing is trained by gradient descent afterwards: the trainer evaluates the refitted model once, on
+    `val` scoring only the held-out rows (`scored_rows`), so the sweep selects on data the head never saw.
+    (The paper refits on all of `val` after choosing C; here those rows would then score their own fit.)
     """
 
     Hparams = DFRHparams
@@ -91,9 +94,29 @@ class DFR(Algorithm):
     stages = ("reference", "last_layer")
     trains_by_gradient = False
 
+    def __init__(self, model: FeaturizerHead, hparams: DFRHparams, context: AlgorithmContext) -> None:
+        super().__init__(model, hparams, context)
+        self.held_out = torch.empty(0, dtype=torch.long)  # rows of `val` the head was not fit on
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"held_out": self.held_out}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.held_out = state["held_out"]
+
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         loss = self.supervised_loss(self.model(self.view(labeled.x, False)), labeled.y)
         return StepOutput(loss, {"loss/supervised": loss.detach()})
+
+    def scored_rows(self) -> Mapping[str, ScoredRows]:
+        if len(self.held_out) == 0:  # before the head is fit
+            return {}
+        n = len(self.held_out)
+        if self.hparams.tune_fraction == 0.5:
+            note = f"val metrics on the held-out half of val (n={n}); the other half fit the last layer"
+        else:
+            note = f"val metrics on the {n} held-out rows of val; the other {self.hparams.tune_fraction:.0%} fit the last layer"
+        return {"val": ScoredRows(self.held_out, note)}
 
     def begin_round(self, context: RoundContext) -> dict[str, str]:
         assert context.split is not None and context.report_stage is not None
@@ -106,7 +129,8 @@ class DFR(Algorithm):
         fit, held_out = (i.numpy() for i in split_halves(val, self.hparams.tune_fraction, context.seed))
         scores = [(self.score(z, y, group, fit, held_out, setting, context.seed), setting) for setting in self.settings()]
         best_score, best = max(scores, key=lambda pair: pair[0])  # ties: the first in grid order
-        self.set_head(self.fit_ensemble(z, y, group, best, context.seed))
+        self.set_head(self.fit_ensemble(z[fit], y[fit], group[fit], best, context.seed))  # the head never sees held_out
+        self.held_out = torch.as_tensor(held_out, dtype=torch.long)
         context.report_stage("last_layer", {**{f"best_{k}": v for k, v in best.items()}, "heldout_worst_group_acc": best_score},
                              {"scores": str([(round(sc, 4), st) for sc, st in scores]), "reference": reference.key})
         return {"reference_model": reference.key, **{f"best_{k}": str(v) for k, v in best.items()}}

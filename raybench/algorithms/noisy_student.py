@@ -14,12 +14,20 @@ from raybench.data.base import Batch, TaskKind, move_to
 from raybench.models.base import FeaturizerHead
 
 
+TEACHER_STAGE = "teacher"
+
+
 @dataclass
 class NoisyStudentHparams(Hparams):
     dropout: float = 0.5
     iterations: int = 2
-    teacher_checkpoint: Optional[str] = None  # None: train an ERM+augmentation teacher first
+    teacher_checkpoint: Optional[str] = None  # None: the dataset's ERM(+augmentation) model, a cached stage
+    teacher_epochs: Optional[int] = None  # that teacher's epochs; None: the dataset's ERM epochs (the paper's budget)
     augment: bool = True
+
+    def __post_init__(self) -> None:
+        if self.teacher_epochs is not None and self.teacher_epochs < 1:
+            raise ValueError(f"teacher_epochs: expected an integer >= 1, got {self.teacher_epochs!r}")
 
 
 @register("noisy_student")
@@ -32,14 +40,17 @@ class NoisyStudent(Algorithm):
     L the task's loss (CE; masked BCE on 1[p > 0.5] for multi-label; MSE on the teacher's value for
     regression; the detector's own losses on its boxes scoring >= 0.5, see pseudo_targets.py), labeled and
     unlabeled batches in separate forward passes (separate batch norm). The best student
-    becomes the next round's teacher. The first teacher is read from `teacher_checkpoint`, or, when none
-    is given, trained first by the trainer as ERM with strong augmentation; which one was used is logged
-    as `teacher_source`.
+    becomes the next round's teacher; the trial is selected among the last round's students only. The
+    first teacher is read from `teacher_checkpoint`, or, when none is given, is the paper's: the best
+    epoch of a full ERM run with strong augmentation (plain ERM where the data has none) at the dataset's
+    own settings, trained once as a cached stage that every trial of a sweep with the same data, seed and
+    model shares. Which teacher each round used is logged as `round_<r>/teacher_source`.
     """
 
     Hparams = NoisyStudentHparams
     uses_unlabeled = True
     supported_tasks = frozenset(TaskKind)  # hard targets per task: raybench.algorithms.pseudo_targets
+    stages = (TEACHER_STAGE, "train")  # "teacher" only when no teacher_checkpoint is given
 
     def __init__(self, model: FeaturizerHead, hparams: NoisyStudentHparams, context: AlgorithmContext) -> None:
         super().__init__(model, hparams, context)
@@ -59,19 +70,44 @@ class NoisyStudent(Algorithm):
     def rounds(self) -> int:
         return self.hparams.iterations
 
+    @classmethod
+    def model_files(cls, hparams: NoisyStudentHparams) -> dict[str, str]:
+        return {"teacher_checkpoint": hparams.teacher_checkpoint} if hparams.teacher_checkpoint else {}
+
     def begin_round(self, context: RoundContext) -> dict[str, str]:
+        """Label the whole unlabeled split once with this round's teacher (the trainer's `predict` seeds the
+        weak view by seed and round, so every data-parallel rank gets the same labels)."""
         if context.unlabeled is None:
             raise ValueError("Noisy Student needs an unlabeled split")
-        if context.previous_model is not None:
-            teacher, source = context.previous_model, f"best student of round {context.round - 1}"
-        elif self.hparams.teacher_checkpoint:
-            teacher = context.load_model(self.hparams.teacher_checkpoint)
-            source = f"checkpoint {self.hparams.teacher_checkpoint}"
-        else:
-            teacher, source = context.train_teacher()
+        teacher, source = self.teacher(context)
         outputs = context.predict(teacher, context.unlabeled, self.context.views.weak)
         self.pseudo_labels = hard_targets(outputs, self.context.task.kind)
         return {f"round_{context.round}/teacher_source": source}
+
+    def teacher(self, context: RoundContext) -> tuple[FeaturizerHead, str]:
+        """This round's teacher and, in words, where it came from."""
+        if context.previous_model is not None:
+            return context.previous_model, f"best student of round {context.round - 1}"
+        if self.hparams.teacher_checkpoint:
+            path = self.hparams.teacher_checkpoint
+            return context.load_model(path, "teacher_checkpoint"), f"checkpoint {path}"
+        return self.first_teacher(context)
+
+    def first_teacher(self, context: RoundContext) -> tuple[FeaturizerHead, str]:
+        """The paper's first teacher, not one at this trial's sampled lr and shortened epochs: a full-budget
+        ERM(+augmentation) run at the dataset's defaults, its best epoch, from the stage cache when any trial
+        trained it before (its key holds none of this trial's sampled values)."""
+        assert context.train_stage is not None and context.dataset is not None
+        augment = "strong_augmentation" in context.dataset.capabilities
+        overrides: dict[str, Any] = {"algorithm": "erm", "augment": augment, "patience": None}
+        if self.hparams.teacher_epochs is not None:  # a shorter teacher for smoke runs and tests
+            overrides["epochs"] = self.hparams.teacher_epochs
+        stage = context.train_stage(TEACHER_STAGE, overrides, use_final=False)
+        metric = context.dataset.selection_metric
+        kind = "ERM+augmentation" if augment else "ERM"
+        how = "cached" if stage.cached else "trained"
+        score = stage.metrics.get(metric, float("nan"))
+        return stage.model, f"{kind} teacher {how} (stage {stage.key}, best {metric}={score:.4f})"
 
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         assert unlabeled is not None, "Noisy Student needs an unlabeled batch"

@@ -9,6 +9,7 @@ which is why a sweep needs nothing but its name.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
@@ -19,6 +20,10 @@ from torch import Tensor
 LABELED_SPLITS: tuple[str, ...] = ("train", "id_val", "val", "test", "id_test")
 UNLABELED_SPLITS: tuple[str, ...] = ("train_unlabeled", "val_unlabeled", "test_unlabeled", "extra_unlabeled")
 EVAL_SPLITS: tuple[str, ...] = ("id_val", "val", "test", "id_test")
+# Fewest examples a group of a selection split should hold: below it a group's accuracy moves in steps of
+# more than 10 points and is often exactly 0, so a worst-group selection metric cannot tell epochs apart.
+MIN_GROUP_EXAMPLES = 10
+SMALL_GROUPS_SHOWN = 5  # how many of the smallest groups the warning names
 
 
 class TaskKind(str, Enum):
@@ -268,3 +273,41 @@ class ShiftDataset:
             else:
                 scores[f"{split_name}/{name}"] = float(value)
         return scores
+
+
+def group_label(dataset: ShiftDataset, group: int) -> str:
+    """A group's name: its group name, else its domain name (groups are the domains then), else its id."""
+    names = dataset.group_names or dataset.domain_names
+    return names[group] if 0 <= group < len(names) else str(group)
+
+
+def small_groups(split: Split, minimum: int) -> list[tuple[int, int]]:
+    """(group id, count) of every group present in `split` with fewer than `minimum` examples, smallest first.
+
+    Absent groups are left out: worst-group metrics take the minimum over the groups present, and OOD
+    splits lack most training groups by design.
+    """
+    ids = split.group.reshape(-1).long()
+    counts = torch.bincount(ids[ids >= 0])
+    small = [(g, int(c)) for g, c in enumerate(counts.tolist()) if 0 < c < minimum]
+    return sorted(small, key=lambda item: (item[1], item[0]))
+
+
+def warn_small_groups(dataset: ShiftDataset, split: str = "val", minimum: int = MIN_GROUP_EXAMPLES) -> Optional[str]:
+    """Print one stderr line, and return it, when a group of `split` has fewer than `minimum` examples.
+
+    Why: selection keeps the epoch with the best `val/worst_group_acc`. A group of a handful of examples
+    has an accuracy of a few coarse values, often 0 at every epoch, so the metric can be flat and
+    selection silently keeps the first epoch. This makes that visible where the data is built.
+    """
+    if split not in dataset.splits:
+        return None
+    small = small_groups(dataset.splits[split], minimum)
+    if not small:
+        return None
+    shown = ", ".join(f"{group_label(dataset, g)} {n}" for g, n in small[:SMALL_GROUPS_SHOWN])
+    more = f" (+{len(small) - SMALL_GROUPS_SHOWN} more)" if len(small) > SMALL_GROUPS_SHOWN else ""
+    line = (f"raybench: warning: dataset {dataset.name!r}, split {split!r}: {len(small)} group(s) hold fewer than "
+            f"{minimum} examples, so worst-group selection on it is coarse or blind; smallest: {shown}{more}")
+    print(line, file=sys.stderr, flush=True)
+    return line

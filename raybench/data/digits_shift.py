@@ -39,15 +39,14 @@ Determinism: every (split, domain) chunk draws from its own `torch.Generator`, s
 the seed, the split and the domain, never from global RNG, so generation neither disturbs nor depends
 on global random state, and the same seed gives the same bytes (for a given torch build). The result
 is cached as `data_dir/digits-shift/<key>.npz`, where `key` hashes every generation parameter; the
-file is written atomically (temp file in the same folder, then `os.replace`).
+file is written atomically (temp file in the same folder, then `os.replace`), and one that is unreadable or
+whose arrays differ from `expected_layout()` is rebuilt (`raybench.data.cache.load_npz_or_rebuild`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -60,6 +59,8 @@ from torch import Tensor
 from raybench.data import DATASETS
 from raybench.data.augment import ImageViews
 from raybench.data.base import LABELED_SPLITS, ShiftDataset, Split, Task, TaskKind, TrainDefaults
+from raybench.data.cache import load_npz_or_rebuild
+from raybench.data.cache import save_npz_atomically as save_atomically  # noqa: F401 (spuco imports it from here)
 from raybench.metrics import accuracy, macro_f1
 
 FORMAT_VERSION = 1
@@ -329,26 +330,23 @@ def generate(seed: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def save_atomically(arrays: dict[str, np.ndarray], path: Path) -> None:
-    """Write to a temp file beside `path`, then rename: readers never see a half-written cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+def expected_layout() -> tuple[dict[str, tuple[int, ...]], dict[str, type]]:
+    """The cache's array names, shapes and dtypes, from SPLIT_PLAN: anything else in the file is a corrupted cache."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, type] = {}
+    for split, (_, counts) in SPLIT_PLAN.items():
+        n = sum(counts.values())
+        shapes[f"{split}.x"], dtypes[f"{split}.x"] = (n, 3, IMAGE_SIZE, IMAGE_SIZE), np.uint8
+        shapes[f"{split}.domain"], dtypes[f"{split}.domain"] = (n,), np.int64
+        if split in LABELED_SPLITS:
+            shapes[f"{split}.y"], dtypes[f"{split}.y"] = (n,), np.int64
+    return shapes, dtypes
 
 
 def load_or_generate(path: Path, seed: int) -> dict[str, np.ndarray]:
-    if path.exists():
-        with np.load(path) as archive:
-            return {name: archive[name] for name in archive.files}
-    arrays = generate(seed)
-    save_atomically(arrays, path)
-    return arrays
+    """The cached arrays at `path`; a missing, truncated or mis-shaped cache is (re)generated and saved."""
+    shapes, dtypes = expected_layout()
+    return load_npz_or_rebuild(path, shapes, lambda: generate(seed), dtypes=dtypes)
 
 
 def to_split(name: str, arrays: dict[str, np.ndarray]) -> Split:
@@ -369,6 +367,8 @@ def accuracy_metric(outputs: Tensor, y: Tensor, group: Tensor) -> float:
 
 def macro_f1_metric(outputs: Tensor, y: Tensor, group: Tensor) -> float:
     return macro_f1(outputs, y, n_classes=N_CLASSES)
+
+
 
 
 @DATASETS.register("digits-shift")

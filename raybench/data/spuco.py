@@ -22,7 +22,10 @@ out = background * (1 - a) + 255 * a. Which pixels are spurious (`spurious_masks
 
 Correlation (`SpuCoSettings.strength`, default 0.995): per class, round(n_class * (1 - strength)) minority
 examples are spread as evenly as possible over the 4 other colours (the remainder to the first ones in
-colour order); a setting that would leave a minority group empty is refused with a ValueError.
+colour order); a setting that would leave a minority group empty is refused with a ValueError. SpuCo's
+SpuCoMNIST keeps int(strength * n_class) majority examples per class (the same counts at the sizes below)
+and colours the rest with the other colours in rotation over randomly placed positions, so its minority
+groups of one class differ in size from draw to draw (and can be empty); here they are exact and even.
 
 Noise (train split only, exact counts, each from its own seeded generator):
   - `label_noise`: round(fraction * n) examples get a uniformly random *other* class after their colour was
@@ -34,16 +37,21 @@ Noise (train split only, exact counts, each from its own seeded generator):
     (SpuCo's code adds N(0, 1) noise to the whole image instead, which also blurs the spurious feature.)
 
 Splits (ShiftDataset names; no id_val/id_test, no unlabeled splits):
-  - `train`: correlated at `strength`; `val`: group-labeled, same correlation; `test`: group-balanced;
+  - `train`: correlated at `strength`; `val`: group-labeled, same correlation; `test`: group-balanced
+    (SpuCoMNIST's loader does the same when given a strength for val; SpuCo's own SpuCoMNIST scripts pass
+    none, which makes their val group-balanced);
   - spuco-digits (S = 16): `sklearn.datasets.load_digits`, 1,797 8x8 images (exact duplicates dropped),
     bilinearly upsampled to 16 x 16; train 5 x 10,000 = 50,000 (50 minority examples per class, 12-13 per
-    minority group), val 5 x 6,000 = 30,000 (7-8 per minority group), test 25 x 100 = 2,500. Generation
-    takes about 3 s (plus scikit-learn's import). Smaller sets (4,000 / 2,000 per class: 5 and 2-3 per
-    minority group) left validation worst-group accuracy at 0 for every model, so selection was blind, and
-    GB / GroupDRO at 28-30% test worst-group.
-  - spuco-fashion (S = 28): Fashion-MNIST's 70,000 28x28 images read from /usr/share/datasets/fashion-mnist
-    (or $RAYBENCH_FASHION_MNIST_DIR); train 5 x 6,000 = 30,000, val 5 x 1,000 = 5,000, test 25 x 200 = 5,000.
-    Generation takes about 5 s (1 s of it reading the files).
+    minority group), val 5 x 6,000 = 30,000 (7-8 per minority group), test 25 x 100 = 2,500.
+  - spuco-fashion (S = 28): all of Fashion-MNIST, as SpuCoMNIST uses all of MNIST: the 60,000 images of its
+    train file go 80 / 20 % into the train / val pools (4,800 / 1,200 per label), the 10,000 of its test file
+    into the test pool (1,000 per label), read from /usr/share/datasets/fashion-mnist (or
+    $RAYBENCH_FASHION_MNIST_DIR). Every pool is rendered whole, each image once: train 5 x 9,600 = 48,000
+    (per class 9,552 majority and 48 minority, 12 per minority group), val 5 x 2,400 = 12,000 (2,388 and 12,
+    3 per minority group), test 25 x 400 = 10,000. Ten validation examples per minority group would take
+    8,000 validation images per class at strength 0.995, more than the train file holds.
+  - validation groups under `MIN_GROUP_EXAMPLES` (raybench.data.base; both defaults above have them) make
+    the build print one warning line naming them: worst-group selection on them is coarse or blind.
 
 Disjointness and expansion: exact-duplicate base images are dropped, then the base images are partitioned
 per original label, with a seeded permutation, into disjoint train / val / test pools (`BaseSpec.pool_plan`:
@@ -51,9 +59,9 @@ digits 60/20/20 % of all images; Fashion-MNIST: its train file 80/20 % into trai
 test). Each split is rendered only from its own pool, so no base image appears in two splits. Digits pools
 are small (about 215 / 70 / 70 images per class), so each is rendered many times (about 19, 28 and 7 times),
 every rendering with a fresh random affine (rotation +-ROTATION_DEG, scale SCALE_RANGE, shift up to
-SHIFT_PX_AT_28 * S / 28 px), sampled bilinearly with batched affine_grid/grid_sample. Fashion-MNIST's pools
-(about 9,600 / 2,400 / 2,000 images per class) are larger than its splits, so each base image is rendered at
-most once there.
+SHIFT_PX_AT_28 * S / 28 px), sampled bilinearly with batched affine_grid/grid_sample. Fashion-MNIST's files
+hold no exact duplicates and its splits are exactly its pools (9,600 / 2,400 / 2,000 images per class), so
+each base image is rendered exactly once, with one random affine.
 
 Metrics: `acc`; `worst_group_acc` (min over the groups present); `avg_acc`, SpuCo's "average accuracy":
 per-group accuracies weighted by the *train* split's group proportions, i.e. the accuracy expected on the
@@ -67,20 +75,20 @@ Registered variants, for each base `spuco-digits` and `spuco-fashion` (`VARIANTS
 noise variants use large magnitude without variance, as in the paper. `build_spuco` builds any other setting.
 
 Calibration (defaults below: SpuCo's LeNet-5 without batch norm (`lenet5`), SGD lr 1e-2, momentum 0.9,
-weight decay 1e-2 (SpuCo App. C's large-magnitude value), batch 64, 10 epochs; one CPU thread, about 6 s an
-epoch on spuco-digits): the measured Table 2 pattern and magnitude trend are in the README, section
-"Spurious correlations", produced by benchmarks/spuco_check.py. Two findings shaped these defaults:
-  - with the batch-normalised `lenet`, ERM stays at 0% test worst-group even at small magnitude (one pure
-    colour pixel at 16 px), unlike the paper's ~97%; LeNet-5 as SpuCo trains it learns the digit first and
-    reaches 89% worst-group there after one epoch (data seed 0), while still 0% at large magnitude;
-  - without correlation (strength 0.2) the core is learnable: digits reach 98.9% test accuracy in 3 epochs,
-    Fashion-MNIST 80.4% in 2 (its class pairs put shirts, tops, pullovers and coats in different classes).
+weight decay 1e-2 (SpuCo App. C's large-magnitude value), batch 64, 10 epochs): the measured Table 2
+pattern, the magnitude trend and the findings behind these defaults are in the README, section "Spurious
+correlations", produced by benchmarks/spuco_check.py. In short: the batch-normalised `lenet` goes by the
+colour even at small magnitude, where LeNet-5 as SpuCo trains it learns the core first; and without
+correlation (strength 0.2) the core of both bases is learnable (Fashion-MNIST's class pairs put shirts,
+tops, pullovers and coats in different classes, so it is the harder core).
 
 Determinism: every (split, purpose) stream draws from its own `torch.Generator` seeded from a hash of the
 seed, the base and the split, never from global RNG. Purposes are separate (layout, affine jitter, spurious
 mask, label noise, feature noise), so variants of one base and seed show the same base images, colours and
 jitter and differ only in what their settings change. The arrays are cached as
-`data_dir/<base>/<key>.npz`, `key` hashing every generation parameter, written atomically.
+`data_dir/<base>/<key>.npz`, `key` hashing every generation parameter (sizes included, so resized splits
+never reuse an old file), written atomically; a file that is unreadable or whose arrays differ from
+`expected_layout` is rebuilt with one stderr line (`raybench.data.cache.load_npz_or_rebuild`).
 """
 from __future__ import annotations
 
@@ -100,8 +108,9 @@ from torch import Tensor
 
 from raybench.data import DATASETS
 from raybench.data.augment import ImageViews
-from raybench.data.base import ShiftDataset, Split, Task, TaskKind, TrainDefaults
-from raybench.data.digits_shift import draw_from_pool, generator_for, load_base_digits, save_atomically
+from raybench.data.base import ShiftDataset, Split, Task, TaskKind, TrainDefaults, warn_small_groups
+from raybench.data.cache import load_npz_or_rebuild
+from raybench.data.digits_shift import draw_from_pool, generator_for, load_base_digits
 from raybench.metrics import accuracy, per_group_accuracy, worst_group_accuracy
 
 FORMAT_VERSION = 1
@@ -308,7 +317,8 @@ BASES: dict[str, BaseSpec] = {
         BaseSpec(
             name="spuco-fashion", image_size=PAPER_SIZE, load=load_fashion_base,
             pool_plan={"train": {"train": 0.8, "val": 0.2}, "test": {"test": 1.0}},
-            sizes=SpuCoSizes(train_per_class=6_000, val_per_class=1_000, test_per_group=200),
+            # Every pool rendered once, whole: 2 labels x 4,800 / 1,200 / 1,000 base images per class.
+            sizes=SpuCoSizes(train_per_class=9_600, val_per_class=2_400, test_per_group=400),
             description="Fashion-MNIST (Debian's dataset-fashion-mnist)", defaults=SPUCO_DEFAULTS,
             cutout_size=7,
         ),
@@ -520,15 +530,31 @@ def cache_path(data_dir: Path, base_name: str, settings: SpuCoSettings, sizes: S
     return Path(data_dir) / spec.name / f"{cache_key(spec, settings, sizes, seed)}.npz"
 
 
+# Every array `render_split` writes per split, with its dtype; images are (n, 3, S, S), the rest (n,).
+SPLIT_FIELDS: dict[str, type] = {"x": np.uint8, "y": np.int64, "clean_y": np.int64, "domain": np.int64,
+                                 "base_index": np.int64, "label_noisy": np.bool_, "feature_noisy": np.bool_}
+
+
+def expected_layout(spec: BaseSpec, settings: SpuCoSettings,
+                    sizes: SpuCoSizes) -> tuple[dict[str, tuple[int, ...]], dict[str, type]]:
+    """The cache's array names, shapes and dtypes: a file holding anything else is rebuilt, not trusted."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, type] = {}
+    for split in SPLITS:
+        n = int(group_counts(split, sizes, settings.strength).sum())
+        for name, dtype in SPLIT_FIELDS.items():
+            key = f"{split}.{name}"
+            shapes[key] = (n, 3, spec.image_size, spec.image_size) if name == "x" else (n,)
+            dtypes[key] = dtype
+    return shapes, dtypes
+
+
 def load_or_generate(base_name: str, settings: SpuCoSettings, sizes: SpuCoSizes, data_dir: Path,
                      seed: int) -> dict[str, np.ndarray]:
-    path = cache_path(data_dir, base_name, settings, sizes, seed)
-    if path.exists():
-        with np.load(path) as archive:
-            return {name: archive[name] for name in archive.files}
-    arrays = generate(base_name, settings, sizes, seed)
-    save_atomically(arrays, path)
-    return arrays
+    """The cached arrays; a missing, truncated or mis-shaped cache file is (re)generated and saved."""
+    shapes, dtypes = expected_layout(base_spec(base_name), settings, sizes)
+    return load_npz_or_rebuild(cache_path(data_dir, base_name, settings, sizes, seed), shapes,
+                               lambda: generate(base_name, settings, sizes, seed), dtypes=dtypes)
 
 
 def to_split(name: str, arrays: dict[str, np.ndarray]) -> Split:
@@ -593,7 +619,7 @@ def build_spuco(base_name: str, settings: SpuCoSettings, data_dir: Path, seed: i
     arrays = load_or_generate(base_name, settings, sizes, data_dir, seed)
     splits = {split: to_split(split, arrays) for split in SPLITS}
     size = spec.image_size
-    return ShiftDataset(
+    dataset = ShiftDataset(
         name=name or base_name,
         task=Task(TaskKind.CLASSIFICATION, N_CLASSES),
         splits=splits,
@@ -614,6 +640,8 @@ def build_spuco(base_name: str, settings: SpuCoSettings, data_dir: Path, seed: i
         info={**{split: str(len(s)) for split, s in splits.items()}, "settings": settings.describe()},
         group_names=GROUP_NAMES,
     )
+    warn_small_groups(dataset, "val")
+    return dataset
 
 
 LABEL_NOISE_LEVELS: dict[str, float] = {"0.01pct": 1e-4, "0.1pct": 1e-3, "1pct": 1e-2}  # 0.01%, 0.1%: the paper's

@@ -5,8 +5,9 @@ before the head, and DFR-style methods retrain only the head.
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +34,50 @@ class FeaturizerHead(nn.Module):
         return criterion(self(x), y)  # type: ignore[arg-type]
 
 
+class UnreadableWeightsError(ValueError):
+    """A weights or checkpoint file that exists but cannot be read safely; the message names the file and why."""
+
+
+def read_weights_only(path: Path, what: str) -> Any:
+    """`torch.load(path, weights_only=True)`, with one line naming the file when that fails.
+
+    Why weights_only: unpickling arbitrary objects runs whatever code the file names, and checkpoints,
+    teachers and pretrained weights all come from outside this process. A missing file is a
+    FileNotFoundError; a truncated file, another format, or one holding pickled objects beyond tensors
+    and plain data is an `UnreadableWeightsError` (a ValueError).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist (or is not a file)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch reports a truncated or foreign file as RuntimeError, KeyError, EOFError...
+        reason = _weights_only_reason(err)
+        if isinstance(err, pickle.UnpicklingError) and "global" in reason.lower():  # names objects to build: code
+            raise UnreadableWeightsError(f"{what} {str(path)!r} was refused: it holds pickled Python objects, not "
+                                         f"only tensors and plain data ({reason}); raybench loads files with "
+                                         f"weights_only=True only") from None
+        raise UnreadableWeightsError(f"{what} {str(path)!r} is not a readable torch file (truncated, or another "
+                                     f"format): {type(err).__name__}{': ' + reason if reason else ''}") from None
+
+
+def _weights_only_reason(err: Exception) -> str:
+    """The one informative line of torch's (multi-paragraph) load error."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if isinstance(err, pickle.UnpicklingError) and lines and lines[0].lower().startswith("weights only load failed"):
+        lines = [line for line in lines[1:] if "unsupported" in line.lower() or "global" in line.lower()] or lines
+    return lines[0].split(". ")[0].rstrip(".") if lines else ""
+
+
+def read_state_dict(path: Path, what: str) -> dict[str, Tensor]:
+    """A file saved with `torch.save(module.state_dict())`: a mapping of names to tensors, read safely."""
+    state = read_weights_only(path, what)
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+        raise UnreadableWeightsError(f"{what} {str(path)!r} is not a state dict (a mapping of names to tensors), "
+                                     f"it holds a {type(state).__name__}")
+    return dict(state)
+
+
 def load_local_weights(module: nn.Module, path: Optional[Path], resizable: tuple[str, ...] = (),
                        expected: str = "") -> None:
     """Load a state dict saved with torch.save from a local file; raybench never downloads weights.
@@ -40,16 +85,15 @@ def load_local_weights(module: nn.Module, path: Optional[Path], resizable: tuple
     Keys of a classifier head that the featurizer no longer has (e.g. torchvision's `fc.*`) are ignored,
     so an ImageNet checkpoint loads into the headless featurizer. Keys under a `resizable` prefix whose
     shape differs (a COCO detector's 91-class box predictor) keep their fresh initialisation; any other
-    missing key or shape mismatch is an error, `expected` saying what the file should have been.
+    missing key or shape mismatch is an error, `expected` saying what the file should have been. A
+    missing file is a FileNotFoundError, any other unusable file a ValueError, both naming the path.
     """
     if path is None:
         return
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"model weights {str(path)!r} do not exist")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    own = module.state_dict()
     hint = f" ({expected})" if expected else ""
+    state = read_state_dict(path, "model weights")
+    own = module.state_dict()
     missing = [k for k in own if k not in state]
     if missing:
         raise ValueError(f"weights {str(path)!r} lack {len(missing)} keys of the model, e.g. {missing[:3]}{hint}")

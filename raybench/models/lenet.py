@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from raybench.models.base import FeaturizerHead
+from raybench.models.base import FeaturizerHead, load_local_weights
 from raybench.models.registry import MODELS, ModelSpec
 
 
@@ -21,4 +21,5 @@ def build_lenet(spec: ModelSpec) -> FeaturizerHead:
         nn.Linear(64 * (height // 4) * (width // 4), 128),
         nn.ReLU(inplace=True),
     )
+    load_local_weights(featurizer, spec.weights)  # a featurizer state dict, as for every other model
     return FeaturizerHead(featurizer, n_features=128, n_outputs=spec.n_outputs)

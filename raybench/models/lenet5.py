@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from raybench.models.base import FeaturizerHead
+from raybench.models.base import FeaturizerHead, load_local_weights
 from raybench.models.registry import MODELS, ModelSpec
 
 
@@ -23,4 +23,5 @@ def build_lenet5(spec: ModelSpec) -> FeaturizerHead:
         nn.Linear(16 * (height // 4) * (width // 4), 120), nn.ReLU(inplace=True),
         nn.Linear(120, 84), nn.ReLU(inplace=True),
     )
+    load_local_weights(featurizer, spec.weights)  # a featurizer state dict, as for every other model
     return FeaturizerHead(featurizer, n_features=84, n_outputs=spec.n_outputs)

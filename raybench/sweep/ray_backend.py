@@ -2,7 +2,7 @@
 
 Two executors run the very same raybench `Trainer`:
 - `train` (default): each Tune trial is a small driver function that fits a Ray Train `TorchTrainer`
-  (Train V2 inside Tune, shared/RAY_NOTES.md). Workers report every epoch with a checkpoint; the same
+  (Train V2 inside Tune: Ray 2.60 refuses `Tuner(TorchTrainer(...))`). Workers report every epoch with a checkpoint; the same
   trial scales from one CPU worker to multi-GPU DDP by `ScalingConfig` alone. The driver holds no CPU:
   it asks for the custom `trial_driver` resource on the head node.
 - `function`: a plain Tune function trainable for single-worker trials. It skips Train's per-trial
@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
+import signal
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from ray import tune  # noqa: E402
 from ray.tune.integration.ray_train import TuneReportCallback  # noqa: E402
 from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
+from raybench.sweep.errors import ClusterError  # noqa: E402
 from raybench.sweep.space import Param, ResolvedSpace, run_key  # noqa: E402
 from raybench.trainer import Callback, DivergenceError, EpochReport, StageReport, TrainConfig, Trainer  # noqa: E402
 
@@ -77,9 +81,11 @@ def connect(address: Optional[str], driver_slots: int) -> bool:
     if ray.is_initialized():
         return False
     if address:
+        probe_address(address)
         ray.init(address=address, log_to_driver=False)
         if ray.cluster_resources().get(DRIVER_RESOURCE, 0) < 1:
-            raise RuntimeError(
+            ray.shutdown()
+            raise ClusterError(
                 f"the Ray cluster at {address} has no '{DRIVER_RESOURCE}' resource for trial drivers; start the head "
                 f"with --resources='{{\"{DRIVER_RESOURCE}\": 8}}' (cluster/local-up.sh does) or use --executor function"
             )
@@ -87,6 +93,44 @@ def connect(address: Optional[str], driver_slots: int) -> bool:
     ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1)}, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     return True
+
+
+def probe_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail within `timeout_s` when nothing listens at a host:port address: ray.init would otherwise retry
+    for minutes, deaf to SIGTERM. 'auto' and other non host:port forms are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except OSError as err:
+        raise ClusterError(f"no Ray cluster answers at {address} ({err.strerror or err}); start one "
+                           f"(cluster/local-up.sh) or leave --address out for a private local Ray") from None
+
+
+def check_resources(resources: "Resources", executor: str, autoscaling: bool) -> None:
+    """Refuse, before any trial starts, a request that no node of the cluster can ever satisfy: Tune would
+    otherwise wait forever (function executor) or fail every trial after minutes (Train executor).
+    An autoscaling cluster may grow into the request, so `autoscaling` skips the check."""
+    if autoscaling:
+        return
+    need = {"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker}
+    nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    fits = sum(_bundles_on(node, need) for node in nodes)
+    workers = resources.workers if executor == "train" else 1
+    if fits >= workers:
+        return
+    have = ", ".join(f"{int(n.get('CPU', 0))} CPU/{int(n.get('GPU', 0))} GPU" for n in nodes) or "no alive node"
+    raise ClusterError(
+        f"each trial asks for {workers} worker(s) of {need['CPU']:g} CPU and {need['GPU']:g} GPU, but the cluster's "
+        f"nodes have {have}; lower --workers-per-trial/--cpus-per-worker/--gpus-per-worker, or pass --autoscaling "
+        f"if the cluster adds nodes on demand")
+
+
+def _bundles_on(node: dict[str, float], need: dict[str, float]) -> int:
+    counts = [math.floor(node.get(kind, 0.0) / amount + 1e-9) for kind, amount in need.items() if amount > 0]
+    return min(counts) if counts else 0
 
 
 def shutdown() -> None:
@@ -265,8 +309,11 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         reporter = TuneReporter()
         try:
             _fit(config, reporter, tune.get_checkpoint(), int(resources.cpus_per_worker))
-        except DivergenceError as err:
-            raise TrialFailed(f"diverged: {err}") from None
+        except DivergenceError as err:  # deterministic: a retry (FailureConfig) would diverge again
+            failure = _divergence_report(err)
+            completed.save(key, failure)
+            tune.report(failure)
+            return
         completed.save(key, _keep(reporter.last))
 
     if spec.executor == "train":
@@ -332,27 +379,36 @@ def _run_config(spec: RunSpec) -> tune.RunConfig:
 
 
 def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.Tuner], resume: bool) -> tune.ResultGrid:
+    """Fit a new or restored experiment. Tune turns a Ctrl-C into a normal return (the caller tells an
+    interrupted stage by its unfinished runs) and leaves its own SIGINT handler installed when no signal
+    came: the caller's handler is put back, so a Ctrl-C between stages is not swallowed."""
     path = str(spec.storage / spec.name)
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
                                    restart_errored=False)
     else:
         tuner = make_tuner()
-    return tuner.fit()
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        return tuner.fit()
+    finally:
+        signal.signal(signal.SIGINT, handler)
 
 
 def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, seed: int, resume: bool) -> tune.ResultGrid:
-    """Random (or TPE) search with Optuna through Tune's OptunaSearch; trials select on `selection/best`."""
+    """Random (or TPE) search with Optuna through Tune's OptunaSearch; trials select on `selection/best`.
+    A space whose every searched setting was fixed (`--set`) has one config: it runs once, unsearched."""
     trainable = make_trainable(space, spec)
     searcher = DistinctOptunaSearch(
         space={name: optuna_distribution(p) for name, p in space.search.items()},
         metric=SEARCH_METRIC, mode="max", sampler=SAMPLERS[sampler](seed),
-    )
+    ) if space.search else None
 
     def make_tuner() -> tune.Tuner:
         return tune.Tuner(
             trainable,
-            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=trials, max_concurrent_trials=spec.max_concurrent,
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=trials if searcher else 1,
+                                        max_concurrent_trials=spec.max_concurrent,
                                         reuse_actors=spec.executor == "function"),
             run_config=_run_config(spec),
         )
@@ -434,8 +490,10 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run = self._run(trial)
-        reason = (trial.last_result or {}).get(FAILURE_KEY)  # a diverged Train run ends without an exception
-        self.tracker.end_child(run, "FAILED" if reason else "FINISHED", reason=reason)
+        last = trial.last_result or {}
+        reason = last.get(FAILURE_KEY)  # a diverged Train run ends without an exception
+        tags = {"raybench.selection_blind": str(last[BLIND_INFO])} if last.get(BLIND_INFO) else {}
+        self.tracker.end_child(run, "FAILED" if reason else "FINISHED", reason=reason, tags=tags)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.tracker.end_child(self._run(trial), "FAILED", reason=error_reason(trial))
@@ -458,12 +516,19 @@ def _order(result: Any, metrics: dict[str, Any], fallback: int) -> int:
     return int(found.group(1)) if found else fallback
 
 
-def _reason(result: Any, metrics: dict[str, Any]) -> Optional[str]:
+INTERRUPTED = "interrupted"
+BLIND_INFO = "info/selection_blind"
+NOTE_INFO = "info/selection_note"
+
+
+def _reason(result: Any, metrics: dict[str, Any], finished: bool) -> Optional[str]:
     if FAILURE_KEY in metrics:
         return str(metrics[FAILURE_KEY])
     if result.error is not None:
         lines = [line.strip() for line in str(result.error).splitlines() if line.strip()]
         return lines[-1] if lines else type(result.error).__name__
+    if not finished:
+        return None
     if SEARCH_METRIC not in metrics:
         return "no epoch finished"
     return None
@@ -475,25 +540,39 @@ def _checkpoint_path(result: Any, metrics: dict[str, Any]) -> Optional[str]:
     return result.checkpoint.path if result.checkpoint is not None else None
 
 
-def collect(grid: tune.ResultGrid, space: ResolvedSpace) -> list[dict[str, Any]]:
-    """One plain record per trial: identity, sampled config, status and reason, metrics at its best epoch."""
+def _status(reason: Optional[str], finished: bool) -> str:
+    if reason:
+        return "failed"
+    return "ok" if finished else INTERRUPTED
+
+
+def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[dict[str, Any]]:
+    """One plain record per trial: identity, sampled config, status and reason, metrics at its best epoch.
+
+    A trial counts as finished only when its driver wrote its completed record: one that Tune stopped
+    on an interrupt has reported some epochs but is `interrupted`, never `ok`."""
     from raybench.sweep.space import trial_id
 
+    completed = CompletedRuns(spec.storage / spec.name / "completed")
     records = []
     for index, result in enumerate(grid):
         metrics = dict(result.metrics or {})
         sampled = {k: v for k, v in (result.config or {}).items()}
         config = space.materialize(sampled)
-        reason = _reason(result, metrics)
+        finished = completed.load(run_key(config, spec.stage)) is not None
+        reason = _reason(result, metrics, finished)
+        status = _status(reason, finished)
         records.append({
             "order": _order(result, metrics, index),
             "trial_id": trial_id(config),
             "seed": config.get("seed", 0),
             "sampled": sampled,
-            "status": "failed" if reason else "ok",
+            "status": status,
             "failure_reason": reason,
-            "selection_value": metrics.get(SEARCH_METRIC) if not reason else None,
+            "selection_value": metrics.get(SEARCH_METRIC) if status == "ok" else None,
             "best_epoch": metrics.get("best_epoch"),
+            "selection_blind": bool(metrics.get(BLIND_INFO)),
+            "selection_note": metrics.get(NOTE_INFO),
             "metrics": {k: v for k, v in metrics.items() if k.startswith(("best/", "time/")) and isinstance(v, (int, float))},
             "checkpoint": _checkpoint_path(result, metrics),
         })

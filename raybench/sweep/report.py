@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from raybench.sweep.results import fmt
+from raybench.sweep.results import fmt, nothing_selected, notices
 
 
 def _json_safe(value: Any) -> Any:
@@ -22,7 +22,8 @@ def _json_safe(value: Any) -> Any:
 
 
 def trial_rows(summary: dict[str, Any]) -> pd.DataFrame:
-    rows = [{"trial_id": t["trial_id"], "status": t["status"], "selection_value": t["selection_value"],
+    rows = [{"trial_id": t["trial_id"], "status": t["status"] + (" (blind)" if t.get("selection_blind") else ""),
+             "selection_value": t["selection_value"],
              "best_epoch": t["best_epoch"], "failure_reason": t["failure_reason"],
              **{f"config.{k}": v for k, v in sorted(t["sampled"].items())}} for t in summary["trials"]]
     return pd.DataFrame(rows)
@@ -43,13 +44,16 @@ def table(summary: dict[str, Any]) -> str:
     metric = summary["selection"]["metric"]
     out = [f"sweep {summary['name']}: {summary['algorithm']} on {summary['dataset']}, "
            f"selected on {summary['selection']['label']} ({metric})", ""]
+    if summary.get("state_line"):
+        out[1:1] = [summary["state_line"]]
+    out += [f"! {line}" for line in notices(summary)] + ([""] if notices(summary) else [])
     frame = trial_rows(summary)
     if not frame.empty:
         frame["selection_value"] = frame["selection_value"].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.4f}")
         frame["failure_reason"] = frame["failure_reason"].fillna("")
         out += [frame.to_string(index=False), ""]
     if sel is None:
-        out.append("no trial finished: nothing selected")
+        out.append(nothing_selected(summary))
         return "\n".join(out)
     config = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(sel["sampled"].items()))
     out += [f"selected {sel['trial_id']}: {config}",

@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 import pandas as pd
 
-OK, FAILED = "ok", "failed"
+OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
+BLIND = "selection metric constant: selection is blind"
 
 
 def replicate_seeds(trial_id: str, count: int) -> list[int]:
@@ -35,15 +36,29 @@ def _finite(value: Any) -> bool:
 
 
 def summarize(replicates: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean and sample std (ddof=1) of every metric at each replicate's best-validation epoch."""
+    """Mean and sample std (ddof=1) of every metric at each replicate's best-validation epoch; `n` counts
+    the finite values that went into them (a NaN metric is left out of all three)."""
     ok = [r["metrics"] for r in replicates if r["status"] == OK]
     keys = sorted({k for m in ok for k in m})
     summary = {}
     for key in keys:
-        values = pd.Series([m[key] for m in ok if key in m], dtype="float64")
+        values = pd.Series([m[key] for m in ok if key in m and _finite(m[key])], dtype="float64")
+        if values.empty:
+            continue
         summary[key] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else float("nan"),
                         "n": int(len(values))}
     return summary
+
+
+def blindness(trials: list[dict[str, Any]]) -> Optional[str]:
+    """One line when trials' selection metric never moved: that selection picked by chance, not by merit."""
+    finished = [t for t in trials if t["status"] == OK]
+    blind = [t for t in finished if t.get("selection_blind")]
+    if not blind:
+        return None
+    if len(blind) == len(finished):
+        return f"every trial's {BLIND}"
+    return f"{len(blind)} of {len(finished)} trials: {BLIND}"
 
 
 def trials_frame(trials: list[dict[str, Any]]) -> pd.DataFrame:
@@ -68,6 +83,11 @@ def _atomic_write(path: Path, write: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_text_atomically(path: Path, text: str) -> None:
+    """A reader (or a crash) never sees half a file: write beside it, then rename over it."""
+    _atomic_write(Path(path), lambda p: p.write_text(text))
+
+
 def write_results(directory: Path, summary: dict[str, Any], trials: pd.DataFrame, replicates: pd.DataFrame) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name, frame in (("trials", trials), ("replicates", replicates)):
@@ -89,10 +109,23 @@ def markdown(summary: dict[str, Any]) -> str:
     sel, rep = summary.get("selected"), summary["replicates"]
     lines = [f"# {summary['name']}: {summary['algorithm']} on {summary['dataset']}", "",
              f"Selection: {summary['selection']['label']} (`{summary['selection']['metric']}`)", ""]
+    lines += [f"**{line}**" for line in notices(summary)] + ([""] if notices(summary) else [])
     if sel is None:
-        lines.append("No trial finished; nothing was selected.")
-        return "\n".join(lines) + "\n"
-    lines += [f"Selected trial `{sel['trial_id']}` ({summary['selection']['metric']} = {sel['selection_value']:.4f}):", ""]
+        lines.append(nothing_selected(summary))
+    else:
+        lines += _selected_lines(summary)
+    lines += ["", "| trial | status | selection value | best epoch |", "|---|---|---|---|"]
+    for t in summary["trials"]:
+        value = "" if not _finite(t["selection_value"]) else f"{t['selection_value']:.4f}"
+        status = f"failed: {t['failure_reason']}" if t["status"] == FAILED else t["status"]
+        status += " (selection blind)" if t.get("selection_blind") else ""
+        lines.append(f"| `{t['trial_id']}` | {status} | {value} | {t['best_epoch']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _selected_lines(summary: dict[str, Any]) -> list[str]:
+    sel, rep = summary["selected"], summary["replicates"]
+    lines = [f"Selected trial `{sel['trial_id']}` ({summary['selection']['metric']} = {sel['selection_value']:.4f}):", ""]
     lines += [f"- `{k}` = {v}" for k, v in sorted(sel["sampled"].items())]
     lines += ["", f"Replicates: {rep['ok']} of {len(rep['seeds'])} seeds finished (mean ± std, %):", "",
               "| split | " + " | ".join(summary["metric_names"]) + " |", "|---" * (len(summary["metric_names"]) + 1) + "|"]
@@ -100,9 +133,24 @@ def markdown(summary: dict[str, Any]) -> str:
         cells = [fmt(rep["summary"].get(f"best/{split}/{m}")) for m in summary["metric_names"]]
         if any(c != "n/a" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "| trial | status | selection value | best epoch |", "|---|---|---|---|"]
-    for t in summary["trials"]:
-        value = "" if not _finite(t["selection_value"]) else f"{t['selection_value']:.4f}"
-        status = t["status"] if t["status"] == OK else f"failed: {t['failure_reason']}"
-        lines.append(f"| `{t['trial_id']}` | {status} | {value} | {t['best_epoch']} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def notices(summary: dict[str, Any]) -> list[str]:
+    """What a reader must know before trusting the numbers: an unfinished sweep, a blind selection, and a
+    selection metric measured on other rows than the split's name says."""
+    lines = []
+    if summary.get("state", "finished") != "finished":
+        lines.append(f"INTERRUPTED: this sweep was {summary['state']}; the results below are partial")
+    if summary.get("selection_blind"):
+        lines.append(f"Selection is blind: {summary['selection_blind']}")
+    selected = summary.get("selected") or {}
+    if selected.get("selection_note"):
+        lines.append(f"Held out: {selected['selection_note']}")
+    return lines
+
+
+def nothing_selected(summary: dict[str, Any]) -> str:
+    if summary.get("state", "finished") != "finished":
+        return "Nothing selected yet: the search did not finish."
+    return "No trial finished; nothing was selected."

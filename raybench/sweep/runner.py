@@ -14,16 +14,19 @@ from typing import Any, Optional
 
 import raybench
 from raybench.data import load_dataset
+from raybench.paths import inside, name_problem, safe_name, writable_dir_problem
 from raybench.sweep import results as tables
+from raybench.sweep.errors import OptionError, SweepExists, SweepInterrupted
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import ResolvedSpace, load_space
-from raybench.tracking import SweepTracker, base_tags, default_tracking_uri
-
-class SweepExists(ValueError):
-    """A sweep of that name already has results; nothing is overwritten without --resume."""
+from raybench.tracking import RESUME_TAG, SweepTracker, base_tags, check_uri, default_tracking_uri, redact_uri
 
 
 SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
+# Trainer settings a sweep decides through its own flags: a --set would train one thing under another's label.
+OWN_FLAGS = {"dataset": "--dataset", "algorithm": "the search space's `algorithm:` (another space file)",
+             "selection_metric": "--selection (ood_val, id_val, oracle)", "seed": "--seed (the search's seed; "
+             "replicate seeds derive from the selected trial)", "stage_cache": "--storage"}
 
 
 @dataclass
@@ -47,10 +50,12 @@ class SweepOptions:
     executor: str = "train"
     selection: str = "ood_val"
     max_failures: int = 2
+    autoscaling: bool = False  # the cluster adds nodes on demand: don't refuse what it cannot run yet
+    resume_command: Optional[str] = None  # shown (and tagged) when the sweep is interrupted
     extra_fixed: dict[str, Any] = field(default_factory=dict)
 
     def sweep_name(self, algorithm: str) -> str:
-        return self.name or f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}"
+        return self.name or safe_name(f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}")
 
 
 @dataclass
@@ -70,6 +75,7 @@ class Prepared:
 
 def prepare(options: SweepOptions) -> Prepared:
     """Validate the space, the dataset, the options and the tracking server; raises with a clear message."""
+    check_options(options)
     space = load_space(options.space)
     dataset = load_dataset(options.dataset)
     selection = SELECTIONS.get(options.selection)
@@ -92,12 +98,43 @@ def prepare(options: SweepOptions) -> Prepared:
 
     dry_run = TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full config
     dry_run.check_model_builds(dataset)
+    if not resolved.search and options.trials > 1:
+        raise OptionError(f"--trials: nothing is left to search in {space.path} (--set fixed every searched setting), "
+                          f"so expected 1, got {options.trials}")
     uri = options.tracking_uri or default_tracking_uri()
+    check_uri(uri)
     name = options.sweep_name(space.algorithm)
-    if not options.resume and any((storage / f"{name}-{stage}").exists() for stage in ("search", "replicate")):
+    _check_storage_for(name, storage, options.resume)
+    return Prepared(options, name, resolved, space.algorithm, metric, selection.label, list(dataset.metric_names), uri, storage)
+
+
+def check_options(options: SweepOptions) -> None:
+    """Every option that can be judged without the cluster: one OptionError naming the flag."""
+    if options.name is not None and name_problem(options.name):
+        raise OptionError(f"--name: {name_problem(options.name)}")
+    for key in options.extra_fixed:
+        if key in OWN_FLAGS:
+            raise OptionError(f"--set {key}: a sweep sets this through {OWN_FLAGS[key]}, so that its labels, tags and "
+                              f"selection say what was trained")
+    if options.executor == "function" and options.workers_per_trial != 1:
+        raise OptionError(f"--workers-per-trial: --executor function runs single-worker trials, got "
+                          f"{options.workers_per_trial}; use --executor train for several workers")
+    problem = writable_dir_problem(Path(options.storage))
+    if problem:
+        raise OptionError(f"--storage: {problem}")
+
+
+def _check_storage_for(name: str, storage: Path, resume: bool) -> None:
+    """The sweep's folders stay inside --storage; a new sweep never lands on an old one, and --resume needs one."""
+    folders = [storage / f"{name}-search", storage / name]
+    if not all(inside(storage, folder) for folder in folders):
+        raise OptionError(f"--name: {name!r} would write outside --storage {str(storage)!r}")
+    exists = any(folder.exists() for folder in folders) or any(storage.glob(f"{name}-replicate*"))
+    if exists and not resume:
         raise SweepExists(f"--name: a sweep named {name!r} already exists under {storage}; "
                           f"pass --resume to continue it, or another --name")
-    return Prepared(options, name, resolved, space.algorithm, metric, selection.label, list(dataset.metric_names), uri, storage)
+    if resume and not exists:
+        raise OptionError(f"--resume: no sweep named {name!r} under {storage} to resume; leave out --resume to start it")
 
 
 def _midpoints(space: ResolvedSpace) -> dict[str, Any]:
@@ -105,59 +142,101 @@ def _midpoints(space: ResolvedSpace) -> dict[str, Any]:
 
 
 def run_sweep(prepared: Prepared) -> dict[str, Any]:
-    """Run a prepared sweep to the end; returns the summary that is also written to disk and MLflow."""
+    """Run a prepared sweep to the end; returns the summary that is also written to disk and MLflow.
+
+    Raises SweepInterrupted when a signal cut it short: the parent run and every child still running are
+    then marked KILLED, the partial results are written, and `--resume` continues exactly there."""
     tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
     from raybench.sweep import ray_backend as backend  # Ray is imported only once everything is valid
 
     opts = prepared.options
-    tags = base_tags(opts.dataset, prepared.algorithm)
-    tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags)
-    started = time.time()
-    connected = False
+    connected = backend.connect(opts.address, driver_slots=max(opts.max_concurrent, 1) * 2)
     try:
-        connected = backend.connect(opts.address, driver_slots=max(opts.max_concurrent, 1) * 2)
         resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker, opts.max_failures)
-
-        def spec(stage: str) -> Any:
-            callback = backend.TrackingCallback(tracker, prepared.space, stage, tags)
-            return backend.RunSpec(f"{prepared.name}-{stage}", prepared.storage, stage, opts.executor, resources,
-                                   opts.max_concurrent, (callback,))
-
-        grid = backend.run_search(prepared.space, spec("search"), opts.trials, opts.sampler, opts.seed, opts.resume)
-        trials = backend.collect(grid, prepared.space)
-        selected = tables.select_best(trials)
-        replicates: list[dict[str, Any]] = []
-        seeds: list[int] = []
-        if selected is not None and opts.replicates > 0:
-            seeds = tables.replicate_seeds(selected["trial_id"], opts.replicates)
-            grid = backend.run_replicates(prepared.space, spec("replicate"), selected["sampled"], seeds, opts.resume)
-            replicates = backend.collect(grid, prepared.space)
-        summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
-        _record(prepared, tracker, summary, trials, replicates, selected)
-    except BaseException as err:
-        tracker.end_sweep("FAILED" if not isinstance(err, KeyboardInterrupt) else "KILLED", note=str(err))
-        raise
+        backend.check_resources(resources, opts.executor, opts.autoscaling)
+        tags = base_tags(opts.dataset, prepared.algorithm)
+        if opts.resume_command:
+            tags[RESUME_TAG] = opts.resume_command
+        tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags)
+        try:
+            summary = _search_and_replicate(prepared, tracker, backend, resources, tags)
+        except BaseException as err:
+            tracker.end_sweep("KILLED" if isinstance(err, (KeyboardInterrupt, SweepInterrupted)) else "FAILED",
+                              note=str(err))
+            raise
+        tracker.end_sweep("FINISHED")
     finally:
         if connected:  # a library caller may run several sweeps in one process: leave Ray as found
             backend.shutdown()
-    tracker.end_sweep("FINISHED")
     return summary
+
+
+def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: Any, resources: Any,
+                          tags: dict[str, str]) -> dict[str, Any]:
+    opts = prepared.options
+    started = time.time()
+
+    def spec(stage: str, suffix: str = "") -> Any:
+        callback = backend.TrackingCallback(tracker, prepared.space, stage, tags)
+        return backend.RunSpec(f"{prepared.name}-{stage}{suffix}", prepared.storage, stage, opts.executor, resources,
+                               opts.max_concurrent, (callback,))
+
+    search = spec("search")
+    grid = backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume)
+    trials = backend.collect(grid, prepared.space, search)
+    _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started)
+    selected = tables.select_best(trials)
+    replicates: list[dict[str, Any]] = []
+    seeds: list[int] = []
+    if selected is not None and opts.replicates > 0:
+        seeds = tables.replicate_seeds(selected["trial_id"], opts.replicates)
+        # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
+        replicate = spec("replicate", f"-{selected['trial_id']}")
+        grid = backend.run_replicates(prepared.space, replicate, selected["sampled"], seeds, opts.resume)
+        replicates = backend.collect(grid, prepared.space, replicate)
+        _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, trials, selected, seeds)
+    summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
+    _record(prepared, tracker, summary, trials, replicates, selected)
+    return summary
+
+
+def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str, runs: list[dict[str, Any]],
+                          expected: int, started: float, trials: Optional[list[dict[str, Any]]] = None,
+                          selected: Optional[dict[str, Any]] = None, seeds: Optional[list[int]] = None) -> None:
+    """Tune returns normally after a Ctrl-C; a stage with unfinished or missing runs is an interrupted one.
+    Its partial results are written (marked interrupted), then SweepInterrupted is raised."""
+    done = sum(r["status"] != tables.INTERRUPTED for r in runs)
+    if done >= expected and len(runs) >= expected:
+        return
+    if stage == "search":
+        trials, selected, seeds, replicates = runs, None, [], []
+    else:
+        replicates = runs
+    summary = _summary(prepared, trials or [], selected, replicates, seeds or [], time.time() - started,
+                       state=f"interrupted during the {stage}")
+    _record(prepared, tracker, summary, trials or [], replicates, None)
+    raise SweepInterrupted(prepared.name, stage, done, expected)
 
 
 def _sweep_params(prepared: Prepared) -> dict[str, Any]:
     opts = dataclasses.asdict(prepared.options)
     opts.pop("extra_fixed")
+    opts.pop("resume_command")
+    opts["tracking_uri"] = redact_uri(prepared.tracking_uri)
+    opts["address"] = redact_uri(opts["address"])
     return {**opts, "selection_metric": prepared.selection_metric,
             "space.fixed": prepared.space.fixed, "space.lr_center": prepared.space.lr_center}
 
 
 def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: Optional[dict[str, Any]],
-             replicates: list[dict[str, Any]], seeds: list[int], seconds: float) -> dict[str, Any]:
+             replicates: list[dict[str, Any]], seeds: list[int], seconds: float, state: str = "finished") -> dict[str, Any]:
     def public(record: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in record.items() if k != "checkpoint"}
 
     return {
         "name": prepared.name,
+        "state": state,
+        "selection_blind": tables.blindness(trials),
         "dataset": prepared.options.dataset,
         "algorithm": prepared.algorithm,
         "space": str(prepared.options.space),

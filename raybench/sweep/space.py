@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Union
 import yaml
 
 from raybench.algorithms import ALGORITHMS
-from raybench.data import ShiftDataset
+from raybench.data import DATASETS, ShiftDataset
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"algorithm", "description", "search", "fixed", "derived", "datasets"}
@@ -146,13 +146,61 @@ def resolve_path(name_or_path: str) -> Path:
     return SEARCH_DIR / f"{name_or_path}.yaml"
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one mapping; PyYAML's safe_load would silently keep the last value."""
+
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(f"line {line}: duplicate key {key!r} (first on line {first_line})")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys: `lr` twice in `fixed` is a mistake, not an override."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            self._refuse_duplicates(node)
+        return super().construct_mapping(node, deep=deep)
+
+    def _refuse_duplicates(self, node: yaml.MappingNode) -> None:
+        """Checks the keys written in this mapping (merge keys `<<` may legitimately be overridden)."""
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKeyError(key, line, seen[key])
+                seen[key] = line
+            except TypeError:  # an unhashable key: SafeConstructor reports it
+                continue
+
+
+def read_text(path: Path) -> str:
+    """The file as UTF-8 text; a stray Latin-1 byte is one line naming where it is, not a traceback."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise SpaceError(path, "file", err.strerror or str(err), "a readable file") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise SpaceError(path, f"line {line}", raw[err.start:err.end], "UTF-8 text") from None
+
+
 def load_space(name_or_path: str) -> SearchSpace:
     path = resolve_path(name_or_path)
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in SEARCH_DIR.glob("*.yaml")))
         raise SpaceError(path, "file", str(path), f"an existing YAML file or one of: {known}")
+    text = read_text(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(text, Loader=StrictLoader)
+    except DuplicateKeyError as err:
+        raise SpaceError(path, f"line {err.line}", err.key,
+                         f"each key once per mapping (first on line {err.first_line})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "file"
@@ -173,6 +221,8 @@ def parse_space(data: Any, path: Path) -> SearchSpace:
         raise SpaceError(path, "datasets", datasets, "a mapping from dataset name to overrides")
     overrides = {}
     for name, body in datasets.items():
+        if name not in DATASETS:
+            raise SpaceError(path, f"datasets.{name}", name, f"a dataset name: one of {', '.join(DATASETS.names())}")
         if not isinstance(body, dict):
             raise SpaceError(path, f"datasets.{name}", body, "a mapping with keys search, fixed, derived")
         _no_unknown(body, OVERRIDE_KEYS, path, f"datasets.{name}.")

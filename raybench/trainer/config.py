@@ -7,6 +7,8 @@ directly. Keys that are not fields are the algorithm's hyperparameters, validate
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -67,6 +69,7 @@ class TrainConfig:
         hparams = {**values.get("hparams", {}), **{k: v for k, v in values.items() if k not in types}}
         fields = {}
         for key, value in known.items():
+            refuse_bool(key, value, types[key])
             try:
                 fields[key] = coerce(value, types[key], key)
             except ValueError as err:
@@ -83,9 +86,13 @@ class TrainConfig:
         """Range checks and a dry parse of the hyperparameters, so errors appear before any work."""
         if self.algorithm not in ALGORITHMS:
             raise ConfigError("algorithm", f"expected one of {', '.join(ALGORITHMS.names())}, got {self.algorithm!r}")
+        types = {f.name: f.type for f in dataclasses.fields(self)}
+        for key in self.field_names():
+            refuse_bool(key, getattr(self, key), types[key])
         checks = {
-            "lr": (self.lr, lambda v: v > 0, "a positive number"),
-            "weight_decay": (self.weight_decay, lambda v: v >= 0, "a number >= 0"),
+            "lr": (self.lr, lambda v: math.isfinite(v) and v > 0, "a finite positive number"),
+            "weight_decay": (self.weight_decay, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+            "momentum": (self.momentum, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
             "batch_size": (self.batch_size, lambda v: v >= 2, "an integer >= 2"),
             "unlabeled_ratio": (self.unlabeled_ratio, lambda v: v >= 1, "an integer >= 1"),
             "epochs": (self.epochs, lambda v: v >= 1, "an integer >= 1"),
@@ -94,8 +101,9 @@ class TrainConfig:
             "max_steps_per_epoch": (self.max_steps_per_epoch, lambda v: v >= 1, "an integer >= 1"),
             "eval_batch_size": (self.eval_batch_size, lambda v: v >= 1, "an integer >= 1"),
             "input_size": (self.input_size, lambda v: v >= 8, "an integer >= 8"),
-            "grad_clip": (self.grad_clip, lambda v: v > 0, "a positive number"),
-            "device": (self.device, lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "auto, cpu or cuda[:N]"),
+            "grad_clip": (self.grad_clip, lambda v: math.isfinite(v) and v > 0, "a finite positive number"),
+            "device": (self.device, lambda v: v in ("auto", "cpu") or DEVICE_PATTERN.fullmatch(v) is not None,
+                       "auto, cpu or cuda[:N]"),
         }
         names = {"optimizer": (self.optimizer, list(OPTIMIZERS)), "scheduler": (self.scheduler, list(SCHEDULES))}
         for key, (value, options) in names.items():
@@ -105,20 +113,44 @@ class TrainConfig:
         for key, (value, ok, expected) in checks.items():
             if value is not None and not ok(value):
                 raise ConfigError(key, f"expected {expected}, got {value!r}")
+        for key in self.field_names():  # float settings without a range check above
+            refuse_non_finite(key, getattr(self, key))
         hparam_types = {f.name: f.type for f in dataclasses.fields(ALGORITHMS.get(self.algorithm).Hparams)}
         for key, value in self.hparams.items():
             if key not in hparam_types:
                 known = ", ".join(hparam_types) or "(none)"
                 raise ConfigError(key, f"not a setting of the trainer nor a hyperparameter of {self.algorithm!r} (its hyperparameters: {known})")
+            refuse_bool(key, value, hparam_types[key])
             try:
-                coerce(value, hparam_types[key], key)
+                coerced = coerce(value, hparam_types[key], key)
             except ValueError as err:
                 raise ConfigError(key, str(err).partition(": ")[2]) from None
+            refuse_non_finite(key, coerced)
         try:  # the dataclass's own checks (e.g. DFR's C grid), before any work
             ALGORITHMS.get(self.algorithm).Hparams.from_dict(self.hparams, self.algorithm)
         except ValueError as err:
             key, _, detail = str(err).partition(": ")
             raise ConfigError(key, detail) from None
+
+    def check_device_available(self) -> None:
+        """Refuse a `cuda[:N]` device this machine lacks, in one line, before any data is read.
+
+        Not part of `validate`: a sweep driver may lack the GPUs its Ray workers have, so only the process
+        that trains (`raybench train`) should call this.
+        """
+        match = DEVICE_PATTERN.fullmatch(self.device)
+        if match is None:
+            return
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device", f"expected a CUDA GPU for {self.device!r}, got none on this machine "
+                                        f"(torch.cuda.is_available() is False)")
+        index, count = int(match.group(1) or 0), torch.cuda.device_count()
+        if index >= count:
+            plural = "s" if count != 1 else ""
+            raise ConfigError("device", f"expected a GPU index below {count} ({count} CUDA device{plural} here), "
+                                        f"got {self.device!r}")
 
     def resolve(self, dataset: ShiftDataset) -> "TrainConfig":
         """A copy with every unset field taken from the dataset's defaults."""
@@ -178,6 +210,29 @@ class TrainConfig:
         k = self.unlabeled_ratio
         unlabeled = int(k / (k + 1) * self.batch_size)
         return self.batch_size - unlabeled, unlabeled
+
+
+DEVICE_PATTERN = re.compile(r"cuda(?::(\d+))?")
+
+
+def numeric_kind(annotation: Any) -> Optional[str]:
+    """"int" or "float" when `coerce` would turn a value into that number type, else None (as coerce reads types)."""
+    kind = str(annotation).replace("typing.", "")
+    base = next((t for t in ("bool", "int", "float", "str") if t in kind), "str")
+    return base if base in ("int", "float") else None
+
+
+def refuse_bool(key: str, value: Any, annotation: Any) -> None:
+    """A YAML `true` where a number belongs is a typo, not 1: `coerce` alone would quietly turn it into 1 or 1.0."""
+    kind = numeric_kind(annotation)
+    if kind and isinstance(value, bool):
+        raise ConfigError(key, f"expected {kind} (true/false is not a number), got {value!r}")
+
+
+def refuse_non_finite(key: str, value: Any) -> None:
+    """inf or nan (YAML `.inf`, `--set x=nan`) would pass range checks or poison training silently."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, f"expected a finite number, got {value!r}")
 
 
 def _augment_default(algorithm: str, dataset: ShiftDataset) -> dict[str, Any]:

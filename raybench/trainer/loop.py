@@ -3,29 +3,27 @@
 An epoch is one pass over the labeled training split; the unlabeled split is cycled beside it, each
 batch holding `labeled = B - int(k/(k+1) B)` labeled and `int(k/(k+1) B)` unlabeled examples. Gradients
 are accumulated over `grad_accum` batches per optimiser step. After every epoch all labeled evaluation
-splits are scored, the best model by the selection metric is kept, callbacks are told, and training
-stops early after `patience` epochs without improvement. Nothing here imports Ray or MLflow: the sweep
-plugs in through `Callback`.
+splits are scored, the best model by the selection metric is kept (for a multi-round method, the best of
+its last round), callbacks are told, and training stops early after `patience` epochs without improvement.
+Nothing here imports Ray or MLflow: the sweep plugs in through `Callback`.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from raybench.algorithms import (
-    ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, SamplingPlan, StageModel, build_algorithm,
+    ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, SamplingPlan, ScoredRows, StageModel, build_algorithm,
 )
 from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
 from raybench.data.base import move_to
@@ -34,12 +32,16 @@ from raybench.trainer.batches import (
     balanced_batches, cycle_batches, epoch_batches, multiset_batches, steps_per_epoch, weighted_batches,
 )
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
-from raybench.trainer.config import TrainConfig
+from raybench.trainer.checkpoints import (
+    BEST_MODEL_FILE, STATE_FILE, atomic_save, load_state_dict_into, read_model_checkpoint, read_trial_state,
+)
+from raybench.trainer.config import ConfigError, TrainConfig
 from raybench.trainer.optim import Schedule, build_optimizer, build_schedule
+from raybench.trainer.rng import capture_rng, derived_seed, preserved_rng, restore_rng, seed_everything, seeded_rng
 from raybench.trainer.stages import StageCache, stage_key
 
-STATE_FILE = "state.pt"
-BEST_MODEL_FILE = "best_model.pt"
+# The fact a run carries when its selection metric never moved: choosing an epoch by it chose nothing.
+SELECTION_BLIND = "selection metric constant: selection is blind"
 
 
 class DivergenceError(RuntimeError):
@@ -59,16 +61,28 @@ class FitResult:
 
 @dataclass
 class _Progress:
-    """Everything besides weights that a resumed run needs to continue exactly."""
+    """Everything besides weights that a resumed run needs to continue exactly.
+
+    The best-so-far fields cover the current round only: a multi-round method (Noisy Student) selects
+    among its last round's epochs, earlier rounds only produce that round's teacher.
+    """
 
     round: int = 0
     epoch: int = 0
     best_value: float = float("-inf")
     best_epoch: int = -1
     best_metrics: dict[str, float] = field(default_factory=dict)
-    round_best_value: float = float("-inf")
     history: list[dict[str, float]] = field(default_factory=list)
     info: dict[str, str] = field(default_factory=dict)
+
+    def start_round(self, round_index: int, epochs_per_round: int) -> None:
+        self.round, self.epoch = round_index, round_index * epochs_per_round
+        self.best_value, self.best_epoch, self.best_metrics = float("-inf"), -1, {}
+
+    def round_values(self, metric: str, epochs_per_round: int) -> list[float]:
+        """The selection metric at each epoch of the current round so far."""
+        first = self.round * epochs_per_round
+        return [h[metric] for h in self.history if h["epoch"] >= first]
 
 
 @dataclass(frozen=True)
@@ -102,39 +116,6 @@ def choose_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-@contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Run a nested fit without moving this process's Python, NumPy and torch random streams."""
-    states = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
-        yield
-    random.setstate(states[0])
-    np.random.set_state(states[1])
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def load_state_dict_into(model: FeaturizerHead, state: dict[str, Tensor]) -> FeaturizerHead:
-    """Load a saved model, mapping a Noisy Student head (Dropout, Linear) onto a plain Linear head and back."""
-    own = model.state_dict().keys()
-    if "head.weight" in own and "head.1.weight" in state:
-        state = {k.replace("head.1.", "head."): v for k, v in state.items()}
-    elif "head.1.weight" in own and "head.weight" in state:
-        state = {k.replace("head.", "head.1.") if k.startswith("head.") else k: v for k, v in state.items()}
-    model.load_state_dict(state)
-    return model
-
-
 class Trainer:
     """Trains one config on one dataset; `fit()` returns the best model and its metrics."""
 
@@ -162,15 +143,28 @@ class Trainer:
         self.labeled_bs, self.unlabeled_bs = self.config.batch_sizes(self.uses_unlabeled)
         self.steps_per_epoch = steps_per_epoch(len(self.train_split), self.labeled_bs, self.config.max_steps_per_epoch)
         self.progress = _Progress()
-        self.best_state: Optional[dict[str, Tensor]] = None
-        self.round_best_state: Optional[dict[str, Tensor]] = None
+        self.best_state: Optional[dict[str, Tensor]] = None  # the best epoch of the current round
+        self.previous_round_state: Optional[dict[str, Tensor]] = None  # the last round's best: the next teacher
         self.final_state: dict[str, Tensor] = {}
+        self._check_model_files()
 
     # ----- building -------------------------------------------------------------------------
     def new_model(self) -> FeaturizerHead:
+        """A fresh model; a missing or unusable `model_weights` is a ConfigError naming the file."""
         weights = Path(self.config.model_weights) if self.config.model_weights else None
         spec = ModelSpec(self.dataset.input_shape, self.dataset.task.n_outputs, weights)
-        return build_model(self.config.model, spec)
+        try:
+            return build_model(self.config.model, spec)
+        except (ValueError, OSError) as err:
+            raise ConfigError("model_weights", str(err)) from None
+
+    def _check_model_files(self) -> None:
+        """Read every model file the algorithm's settings name (Noisy Student's `teacher_checkpoint`) now,
+        so a missing, truncated, foreign or unsafe file fails before any training, not after a stage."""
+        algorithm = ALGORITHMS.get(self.config.algorithm)
+        hparams = algorithm.Hparams.from_dict(self.config.hparams, self.config.algorithm)
+        for setting, path in algorithm.model_files(hparams).items():
+            self.load_model(path, setting)
 
     def _new_algorithm(self) -> Algorithm:
         context = AlgorithmContext(
@@ -208,22 +202,24 @@ class Trainer:
         model.train(was_training)
         return concat_outputs(outputs)
 
-    def load_model(self, path: str) -> FeaturizerHead:
-        file = Path(path)
-        file = file / BEST_MODEL_FILE if file.is_dir() else file
-        if not file.is_file():
-            raise FileNotFoundError(f"teacher checkpoint {str(file)!r} does not exist")
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        return load_state_dict_into(self.new_model(), state).to(self.device)
+    def load_model(self, path: str, setting: str) -> FeaturizerHead:
+        """A raybench model checkpoint (`best_model.pt`, or a checkpoint folder holding one) that the
+        setting `setting` names; anything else is a ConfigError on that setting naming the file."""
+        model = self.new_model()  # outside the try: a bad `model_weights` is that setting's error, not this one's
+        try:
+            return read_model_checkpoint(Path(path), model).to(self.device)
+        except (ValueError, OSError) as err:
+            raise ConfigError(setting, str(err)) from None
 
-    def train_teacher(self) -> tuple[FeaturizerHead, str]:
-        """Noisy Student's first teacher: ERM with strong augmentation on the same data and budget."""
-        teacher_config = dataclasses.replace(  # ERM+augmentation where the data has augmentation, else ERM
-            self.config, algorithm="erm", hparams={"augment": "strong_augmentation" in self.dataset.capabilities})
-        result = Trainer(teacher_config, dataset=self.dataset).fit()
-        value = result.best_metrics.get(self.config.selection_metric, float("nan"))
-        source = f"trained ERM+augmentation teacher ({teacher_config.epochs} epochs, best {self.config.selection_metric}={value:.4f})"
-        return result.best_model.to(self.device), source
+    def _round_predict(self, round_index: int) -> Callable[[nn.Module, Split, Callable[[Any], Any]], Any]:
+        """`predict` under streams seeded by (seed, round) without the rank: a random view (Noisy Student's
+        teacher labelling through the weak view) then draws the same on every DDP rank, so all ranks train on
+        identical pseudo-labels, and the run's own training stream does not move."""
+        def predict(model: nn.Module, split: Split, view: Callable[[Any], Any]) -> Any:
+            with seeded_rng(derived_seed(self.config.seed, round_index)):
+                return self.predict(model, split, view)
+
+        return predict
 
     def train_stage(self, name: str, overrides: Mapping[str, Any], dataset: Optional[ShiftDataset] = None,
                     identity: Optional[Mapping[str, Any]] = None, use_final: bool = True) -> StageModel:
@@ -280,15 +276,14 @@ class Trainer:
 
     def _round_context(self, round_index: int) -> RoundContext:
         previous = None
-        if round_index > 0 and self.round_best_state is not None:
-            previous = load_state_dict_into(self.new_model(), self.round_best_state).to(self.device)
+        if round_index > 0 and self.previous_round_state is not None:
+            previous = load_state_dict_into(self.new_model(), self.previous_round_state).to(self.device)
         return RoundContext(
             round=round_index,
             unlabeled=self.unlabeled_split,
             previous_model=previous,
-            train_teacher=self.train_teacher,
             load_model=self.load_model,
-            predict=self.predict,
+            predict=self._round_predict(round_index),
             train=self.train_split,
             split=self.dataset.split,
             seed=self.config.seed,
@@ -301,6 +296,8 @@ class Trainer:
     def fit(self, resume_from: Optional[Path] = None) -> FitResult:
         seed_everything(self.config.seed + self.shard.rank)  # same init is broadcast by DDP; augmentations differ
         resumed = self._load_state(Path(resume_from)) if resume_from else None
+        if resumed is not None:
+            self._tell_info(dict(self.progress.info))  # callbacks of a resumed run still learn earlier facts
         while True:
             round_index = self.progress.round
             algorithm = self._new_algorithm()
@@ -311,12 +308,12 @@ class Trainer:
                 resumed = None
             elif self.progress.epoch == round_index * self.config.epochs:
                 self._info(algorithm.begin_round(self._round_context(round_index)))
-            self._train_round(algorithm, optimizer, schedule, generators)
+            self._train_round(algorithm, optimizer, schedule, generators, last_round=round_index + 1 >= algorithm.rounds)
             if self.progress.round + 1 >= algorithm.rounds:
                 break
-            self.progress.round += 1
-            self.progress.epoch = self.progress.round * self.config.epochs
-            self.progress.round_best_value = float("-inf")
+            self.previous_round_state, self.best_state = self.best_state, None
+            self.progress.start_round(self.progress.round + 1, self.config.epochs)
+        self._flag_blind_selection()
         self.final_state = _cpu_state(algorithm.model)
         return self._result()
 
@@ -327,7 +324,7 @@ class Trainer:
         }
 
     def _train_round(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer, schedule: Schedule,
-                     generators: dict[str, torch.Generator]) -> None:
+                     generators: dict[str, torch.Generator], last_round: bool) -> None:
         round_end = (self.progress.round + 1) * self.config.epochs
         if not algorithm.trains_by_gradient:  # a closed-form refit (DFR): evaluate once, nothing to train
             round_end = min(round_end, self.progress.epoch + 1)
@@ -341,6 +338,9 @@ class Trainer:
             metrics = {**train_logs, **self._evaluate(algorithm), "lr": optimizer.param_groups[0]["lr"]}
             is_best = self._record(algorithm, metrics)
             self.progress.epoch += 1
+            stops_early = bool(self.config.patience) and metrics["epochs_since_best"] >= self.config.patience
+            if last_round and (stops_early or self.progress.epoch >= round_end):
+                self._flag_blind_selection()  # before the run's last report, which is what a sweep keeps
             report = EpochReport(
                 epoch=self.progress.epoch - 1, round=self.progress.round, metrics=dict(self.progress.history[-1]),
                 best_metrics=dict(self.progress.best_metrics), is_best=is_best,
@@ -348,7 +348,7 @@ class Trainer:
             )
             for callback in self.callbacks:
                 callback.on_epoch_end(report)
-            if self.config.patience and metrics["epochs_since_best"] >= self.config.patience:
+            if stops_early:
                 self.progress.epoch = round_end
                 self._info({f"early_stopped_round_{self.progress.round}": f"after epoch {report.epoch}"})
 
@@ -420,11 +420,18 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
 
     def _evaluate(self, algorithm: Algorithm) -> dict[str, float]:
+        """Every labeled evaluation split, restricted to the rows the algorithm may be scored on (DFR fits its
+        head on part of `val`: it is scored, and so selected, on the rest only)."""
         metrics: dict[str, float] = {}
+        restricted = algorithm.scored_rows()
         for name in self.dataset.eval_splits:
             split = self.dataset.split(name)
+            if name in restricted:
+                split = rows_of(split, restricted[name])
             outputs = self.predict(algorithm.model, split, self.dataset.views.plain)
             metrics.update(self.dataset.evaluate(name, outputs, split))
+        if restricted:
+            self._info({"selection_note": "; ".join(rows.note for rows in restricted.values())})
         return metrics
 
     def _record(self, algorithm: Algorithm, metrics: dict[str, float]) -> bool:
@@ -435,9 +442,6 @@ class Trainer:
         if is_best:
             p.best_value, p.best_epoch = value, p.epoch
             self.best_state = _cpu_state(algorithm.model)
-        if value > p.round_best_value:
-            p.round_best_value = value
-            self.round_best_state = self.best_state if is_best else _cpu_state(algorithm.model)
         metrics.update({
             "epoch": float(p.epoch),
             "selection/best": p.best_value,
@@ -448,10 +452,23 @@ class Trainer:
             p.best_metrics = dict(metrics)
         return is_best
 
+    def _flag_blind_selection(self) -> None:
+        """Tell callbacks when the selection metric had one value at every epoch (two or more) of the round
+        selection chooses from: the kept epoch was then chosen by nothing. Called for the run's final report
+        and at its end; a metric that moved at any epoch never raises the flag."""
+        values = self.progress.round_values(self.config.selection_metric, self.config.epochs)
+        if len(values) >= 2 and all(v == values[0] for v in values):
+            self._info({"selection_blind": SELECTION_BLIND})
+
     def _info(self, facts: dict[str, str]) -> None:
+        """Record facts and tell callbacks about those that are new or changed."""
+        changed = {k: v for k, v in facts.items() if self.progress.info.get(k) != v}
+        self.progress.info.update(changed)
+        self._tell_info(changed)
+
+    def _tell_info(self, facts: dict[str, str]) -> None:
         if not facts:
             return
-        self.progress.info.update(facts)
         for callback in self.callbacks:
             callback.on_info(facts)
 
@@ -471,25 +488,25 @@ class Trainer:
         """Write `state.pt` (resume exactly from the end of the last epoch) and `best_model.pt`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {
+        state = {  # only tensors, dicts, lists and primitives: read back with weights_only=True
             "config": self.config.to_flat(),
             "progress": dataclasses.asdict(self.progress),
             "algorithm": algorithm.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": schedule.scheduler.state_dict() if schedule.scheduler else None,
             "generators": {k: g.get_state() for k, g in generators.items()},
-            "torch_rng": torch.get_rng_state(),
+            "rng": capture_rng(),
             "best_state": self.best_state,
-            "round_best_state": self.round_best_state,
         }
         atomic_save(state, directory / STATE_FILE)
         if self.best_state is not None:
             atomic_save(self.best_state, directory / BEST_MODEL_FILE)
 
     def _load_state(self, directory: Path) -> dict[str, Any]:
-        state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
+        """`state.pt`, read with weights_only=True: a file holding pickled code is refused, never run."""
+        state = read_trial_state(directory)
         self.progress = _Progress(**state["progress"])
-        self.best_state, self.round_best_state = state["best_state"], state["round_best_state"]
+        self.best_state = state["best_state"]
         return state
 
     def _restore(self, state: dict[str, Any], algorithm: Algorithm, optimizer: torch.optim.Optimizer,
@@ -500,7 +517,7 @@ class Trainer:
             schedule.scheduler.load_state_dict(state["scheduler"])
         for key, generator in generators.items():
             generator.set_state(state["generators"][key])
-        torch.set_rng_state(state["torch_rng"])
+        restore_rng(state["rng"])
 
 
 def outputs_to_cpu(outputs: Any) -> Any:
@@ -514,6 +531,12 @@ def concat_outputs(chunks: list[Any]) -> Any:
     if chunks and isinstance(chunks[0], Tensor):
         return torch.cat(chunks)
     return [record for chunk in chunks for record in chunk]
+
+
+def rows_of(split: Split, rows: ScoredRows) -> Split:
+    """The split restricted to `rows`, in their order."""
+    batch = split.take(rows.rows)
+    return Split(split.name, batch.x, batch.y, batch.domain, batch.group)
 
 
 def _cpu_state(model: nn.Module) -> dict[str, Tensor]:

@@ -1,6 +1,7 @@
 """The stage cache: models that earlier stages of multi-stage methods train, stored by their own identity.
 
-JTT, EIIL, Spare, DFR and Dispel all start from a reference ERM model; SSA from a group predictor.
+JTT, EIIL, Spare, DFR and Dispel all start from a reference ERM model; SSA from a group predictor;
+Noisy Student from an ERM+augmentation teacher.
 Trials of a sweep that agree on that stage's config (same data, seed, model and reference settings)
 should train it once. A stage's identity is the hash of its own resolved config (plus whatever else
 defines its data), so the cache is correct across trials, sweeps and replicates alike. Concurrent

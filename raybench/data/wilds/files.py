@@ -6,14 +6,24 @@ is the only code path in raybench that downloads, through the `wilds` package (a
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator, Optional
 
 from raybench.data.wilds import compat
 
 MissingFiles = Callable[[Path, bool], list[str]]
+
+
+class DownloadError(RuntimeError):
+    """`prepare` could not fetch an archive; the message is the root cause (the URL and the network's reason).
+
+    Why: wilds catches its own download error, prints it amid progress bars and goes on, so the error
+    that surfaced was a missing metadata.csv, which blames the wrong thing.
+    """
 
 
 @dataclass(frozen=True)
@@ -53,11 +63,87 @@ def check(name: str, root: Path) -> CheckReport:
 
 
 def prepare(name: str, root: Path, unlabeled: bool = True) -> None:
-    """Download the labeled (and unlabeled) data through the wilds package; needs internet."""
+    """Download the labeled (and unlabeled) data through the wilds package; needs internet.
+
+    Raises DownloadError naming the URL and the reason when a download fails (no network, HTTP 404).
+    """
     Path(root).mkdir(parents=True, exist_ok=True)
-    with compat.downloads_allowed():
+    with compat.downloads_allowed(), recorded_download_failures() as failures:
         import wilds
 
-        wilds.get_dataset(name, root_dir=str(root), download=True)
-        if unlabeled:
-            wilds.get_dataset(name, unlabeled=True, root_dir=str(root), download=True)
+        for kwargs in [{}, {"unlabeled": True}] if unlabeled else [{}]:
+            try:
+                wilds.get_dataset(name, root_dir=str(root), download=True, **kwargs)
+            except Exception as err:
+                raise_root_cause(failures, err)
+                raise
+            raise_root_cause(failures, None)
+
+
+def network_reason(err: BaseException) -> str:
+    """The useful part of a download error: "HTTP Error 404: Not Found", "[Errno -3] Temporary failure ..."."""
+    if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
+        err_reason: Any = err.reason
+        return str(err_reason) or type(err_reason).__name__
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def url_error_in_chain(err: BaseException) -> Optional[urllib.error.URLError]:
+    """The first urllib error among `err`, its cause and its context (ogb lets urlopen's errors through)."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, urllib.error.URLError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def raise_root_cause(failures: list[tuple[str, BaseException]], err: Optional[BaseException]) -> None:
+    """Raise DownloadError for the first recorded failed download, or for a urllib error behind `err`."""
+    if failures:
+        url, cause = failures[0]
+        raise DownloadError(f"cannot download {url}: {network_reason(cause)}") from cause
+    url_error = url_error_in_chain(err) if err is not None else None
+    if url_error is not None:
+        url = getattr(url_error, "url", None) or getattr(url_error, "filename", None)
+        where = f" {url}" if url else ""
+        raise DownloadError(f"cannot download{where}: {network_reason(url_error)}") from err
+
+
+def close_progress_bars() -> None:
+    """wilds never closes its download bars; left open, they print at exit, after (and over) the error line."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
+@contextlib.contextmanager
+def recorded_download_failures() -> Iterator[list[tuple[str, BaseException]]]:
+    """Record (url, error) of every failed wilds archive download in the block.
+
+    wilds' `download_dataset` catches any exception from `download_and_extract_archive`, prints it and
+    carries on, so the error is lost by the time the dataset's constructor fails on a missing file.
+    """
+    from wilds.datasets import download_utils
+
+    original = download_utils.download_and_extract_archive
+    failures: list[tuple[str, BaseException]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except Exception as err:
+            failures.append((str(kwargs.get("url", args[0] if args else "(unknown url)")), err))
+            close_progress_bars()
+            raise
+
+    download_utils.download_and_extract_archive = recording
+    try:
+        yield failures
+    finally:
+        download_utils.download_and_extract_archive = original

@@ -1,0 +1,93 @@
+"""Ctrl-C ends a sweep as interrupted (exit 130, MLflow KILLED, a --resume line), and --resume finishes it
+exactly: replicates belong to the selected trial id and its derived seeds, whichever stage was cut short."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from conftest import BIN, run_cli, stop_processes_under
+from raybench.sweep.results import replicate_seeds
+
+NAME = "ctrlc"
+WAIT_S = 420
+
+
+def _args(tmp_path: Path) -> list[str]:
+    return ["sweep", "erm", "--trials", "2", "--replicates", "2", "--max-concurrent", "1", "--name", NAME,
+            "--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+            "--set", "epochs=2", "--set", "max_steps_per_epoch=20", "--set", "patience=none"]
+
+
+def _completed(tmp_path: Path, pattern: str) -> list[Path]:
+    return sorted((tmp_path / "runs").glob(f"{pattern}/completed/*.json"))
+
+
+def _interrupt_after(tmp_path: Path, env: dict, args: list[str], pattern: str) -> subprocess.CompletedProcess:
+    """Start the sweep, press Ctrl-C (SIGINT to its process group) once a run matching `pattern` finished."""
+    proc = subprocess.Popen([str(BIN / "raybench"), *args], env=env, cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and proc.poll() is None and not _completed(tmp_path, pattern):
+        time.sleep(0.5)
+    assert proc.poll() is None, f"the sweep ended before it could be interrupted:\n{proc.communicate()[1][-3000:]}"
+    assert _completed(tmp_path, pattern), f"no run of {pattern} finished within {WAIT_S} s"
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        stop_processes_under(env["RAY_TMPDIR"])
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _runs(uri: str) -> list:
+    client = MlflowClient(tracking_uri=uri)
+    return client.search_runs([client.get_experiment_by_name("raybench").experiment_id], "")
+
+
+def _assert_interrupted(proc: subprocess.CompletedProcess, uri: str, stage: str) -> None:
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"raybench: sweep '{NAME}' interrupted during the {stage}") and last.endswith("--resume"), last
+    statuses = {(r.data.tags.get("stage"), r.info.status) for r in _runs(uri)}
+    assert ("sweep", "KILLED") in statuses and not any(status == "RUNNING" for _, status in statuses), statuses
+
+
+def test_ctrl_c_in_search_then_in_replicates_then_resume(tmp_path, sweep_env):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = _args(tmp_path)
+
+    search_cut = _interrupt_after(tmp_path, sweep_env, args, f"{NAME}-search")
+    _assert_interrupted(search_cut, uri, "search")
+    partial = json.loads((tmp_path / "runs" / NAME / "results" / "summary.json").read_text())
+    assert partial["state"] == "interrupted during the search" and partial["selected"] is None
+    assert not list((tmp_path / "runs").glob(f"{NAME}-replicate*")), "replicates ran after an interrupted search"
+    shown = run_cli(["results", NAME, "--tracking-uri", uri], sweep_env, tmp_path)
+    assert "INTERRUPTED" in shown.stdout and "--resume" in shown.stdout
+
+    replicate_cut = _interrupt_after(tmp_path, sweep_env, [*args, "--resume"], f"{NAME}-replicate-*")
+    _assert_interrupted(replicate_cut, uri, "replicates")
+
+    finished = run_cli([*args, "--resume"], sweep_env, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-4000:]
+    summary = json.loads((tmp_path / "runs" / NAME / "results" / "summary.json").read_text())
+    assert summary["state"] == "finished" and len(summary["trials"]) == 2
+    assert all(t["status"] == "ok" for t in summary["trials"])
+    selected = summary["selected"]["trial_id"]
+    assert summary["replicates"]["seeds"] == replicate_seeds(selected, 2)
+    assert sorted(r["seed"] for r in summary["replicates"]["runs"]) == sorted(replicate_seeds(selected, 2))
+    assert [p.name for p in (tmp_path / "runs").glob(f"{NAME}-replicate*")] == [f"{NAME}-replicate-{selected}"]
+    runs = _runs(uri)
+    replicate_runs = [r for r in runs if r.data.tags.get("stage") == "replicate"]
+    assert {r.data.tags["trial_id"] for r in replicate_runs} == {selected}
+    assert sorted(int(r.data.tags["seed"]) for r in replicate_runs) == sorted(replicate_seeds(selected, 2))
+    parent = [r for r in runs if r.data.tags.get("stage") == "sweep"]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert parent[0].data.tags["raybench.state"] == "finished"

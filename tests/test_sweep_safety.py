@@ -1,0 +1,183 @@
+"""What a sweep must never do: hang on a request no node can run, retry a deterministic divergence, echo a
+credential, choke on a quote in a tracked name, or count a missing number."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import BIN, run_cli
+from raybench.sweep import results
+from raybench.tracking import SweepTracker, load_sweep_results, redact_uri
+
+SMOKE = ["--smoke", "--trials", "1", "--replicates", "1"]
+
+
+def _runs(uri: str) -> list:
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("raybench")
+    return client.search_runs([experiment.experiment_id], "") if experiment else []
+
+
+@pytest.mark.parametrize("executor", ["train", "function"])
+def test_a_gpu_request_on_a_cpu_cluster_is_refused_before_any_trial(executor, tmp_path, sweep_env):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = run_cli(["sweep", "erm", *SMOKE, "--executor", executor, "--gpus-per-worker", "2", "--storage",
+                    str(tmp_path / "runs"), "--tracking-uri", uri], sweep_env, tmp_path, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("raybench: error: cluster: ") and "0 GPU" in line and "2 GPU" in line, line
+    assert "--autoscaling" in line
+    assert not _runs(uri), "a parent run was created for a sweep that could never run"
+    assert not (tmp_path / "runs" / "erm-digits-shift-seed0-smoke-search").exists()
+
+
+def test_a_dead_address_fails_fast_with_one_line(tmp_path, sweep_env):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    proc = run_cli(["sweep", "erm", *SMOKE, "--address", f"127.0.0.1:{port}", "--storage", str(tmp_path / "runs"),
+                    "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"], sweep_env, tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"raybench: error: --address: no Ray cluster answers at 127.0.0.1:{port}")
+    assert time.monotonic() - started < 120
+
+
+def test_a_divergence_is_recorded_once_not_retried(tmp_path, sweep_env):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = run_cli(["sweep", "erm", *SMOKE, "--replicates", "0", "--executor", "function", "--name", "nan",
+                    "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--set", "lr=1e12"], sweep_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "nan" / "results" / "summary.json").read_text())
+    [trial] = summary["trials"]
+    assert trial["status"] == "failed" and trial["failure_reason"].startswith("diverged: loss is")
+    trial_dirs = [d for d in (tmp_path / "runs" / "nan-search").iterdir() if d.is_dir() and d.name.startswith("function_trial")]
+    assert len(trial_dirs) == 1
+    assert not list(trial_dirs[0].glob("error*")), "Tune saw an error, so FailureConfig retried the divergence"
+    attempts = (trial_dirs[0] / "result.json").read_text().count("diverged")
+    assert attempts == 1, f"the diverging trial ran {attempts} times"
+    [child] = [r for r in _runs(uri) if r.data.tags.get("stage") == "search"]
+    assert child.info.status == "FAILED" and child.data.tags["failure_reason"].startswith("diverged")
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real MLflow server on 127.0.0.1 (it ignores the basic-auth header a URI with credentials sends)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+                             "--artifacts-destination", str(tmp_path / "server-artifacts")],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            assert proc.poll() is None, "the MLflow server exited during start-up"
+            time.sleep(0.5)
+    else:
+        raise AssertionError("the MLflow server did not listen within 120 s")
+    yield f"http://127.0.0.1:{port}"
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_credentials_never_appear_in_params_tags_logs_or_console(tmp_path, sweep_env, mlflow_server):
+    secret_uri = mlflow_server.replace("http://", "http://alice:s3cr3t-pw@")
+    proc = run_cli(["sweep", "erm", *SMOKE, "--executor", "function", "--name", "creds", "--storage",
+                    str(tmp_path / "runs"), "--tracking-uri", secret_uri], sweep_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = proc.stdout + proc.stderr
+    assert "s3cr3t-pw" not in console and "alice" not in console
+    assert "***@127.0.0.1" in proc.stdout
+    runs = _runs(mlflow_server)
+    assert len(runs) >= 3
+    for run in runs:
+        for value in [*run.data.params.values(), *run.data.tags.values()]:
+            assert "s3cr3t-pw" not in value, (run.info.run_name, value)
+    for folder in (tmp_path / "runs", Path(sweep_env["RAY_TMPDIR"])):
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.is_socket() and path.stat().st_size < 50_000_000:
+                assert b"s3cr3t-pw" not in path.read_bytes(), path
+    shown = run_cli(["results", "creds", "--tracking-uri", secret_uri], sweep_env, tmp_path)
+    assert shown.returncode == 0 and "s3cr3t-pw" not in shown.stdout + shown.stderr
+
+
+def test_a_name_with_a_quote_round_trips_through_the_tracking_store(tmp_path):
+    """The CLI refuses such names, but the library tracks any name: filters are quoted, not pasted."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = SweepTracker(uri)
+    name = "o'brien"
+    tracker.start_sweep(name, params={}, tags={})
+    summary = {"name": name, "trials": [], "selected": None, "replicates": {"seeds": [], "ok": 0, "runs": [], "summary": {}}}
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps(summary))
+    tracker.log_artifacts(folder, "results")
+    child = tracker.start_child("k'1", "search-k'1", {}, {"stage": "search"})
+    assert tracker.start_child("k'1", "search-k'1", {}, {"stage": "search"}) == child  # found again, not duplicated
+    tracker.end_sweep("FINISHED")
+    loaded = load_sweep_results(uri, name)
+    assert loaded["name"] == name and loaded["tracking_state"] == "finished"
+
+
+def test_redaction_keeps_host_and_drops_userinfo():
+    assert redact_uri("http://u:p@host:5000/x") == "http://***@host:5000/x"
+    assert redact_uri("sqlite:///tmp/a@b.db") == "sqlite:///tmp/a@b.db"
+    assert redact_uri("https://host") == "https://host"
+
+
+def test_summary_counts_only_the_numbers_it_averages():
+    runs = [{"status": "ok", "metrics": {"a": 0.5}}, {"status": "ok", "metrics": {"a": float("nan")}},
+            {"status": "ok", "metrics": {"a": 0.7}}, {"status": "failed", "metrics": {"a": 0.0}}]
+    cell = results.summarize(runs)["a"]
+    assert cell["n"] == 2 and cell["mean"] == pytest.approx(0.6) and cell["std"] == pytest.approx(math.sqrt(0.02))
+
+
+def test_blind_trials_are_named_in_the_summary():
+    ok = {"status": "ok", "selection_blind": False}
+    blind = {"status": "ok", "selection_blind": True}
+    assert results.blindness([ok, ok]) is None
+    assert results.blindness([ok, blind]) == f"1 of 2 trials: {results.BLIND}"
+    assert results.blindness([blind, blind]) == f"every trial's {results.BLIND}"
+
+
+def test_a_trial_whose_selection_metric_never_moves_is_tagged_blind(tmp_path, sweep_env):
+    """lr 1e-12 on spuco-digits' LeNet-5 (no batch norm, whose running statistics would move even then): the
+    weights do not move, so validation worst-group accuracy is the same at every epoch."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = run_cli(["sweep", "erm", "--dataset", "spuco-digits", *SMOKE, "--replicates", "0", "--executor", "function",
+                    "--name", "still",
+                    "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--set", "lr=1e-12"], sweep_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "still" / "results" / "summary.json").read_text())
+    [trial] = summary["trials"]
+    assert trial["status"] == "ok" and trial["selection_blind"] is True
+    assert summary["selection_blind"] == f"every trial's {results.BLIND}"
+    assert f"Selection is blind: every trial's {results.BLIND}" in proc.stdout
+    [child] = [r for r in _runs(uri) if r.data.tags.get("stage") == "search"]
+    assert child.data.tags["raybench.selection_blind"] == "selection metric constant: selection is blind"
+
+
+def test_the_resume_hint_never_repeats_a_password():
+    from raybench.cli import resume_command
+
+    hint = resume_command(["sweep", "erm", "--tracking-uri=http://u:pw@h:1", "--tracking-uri", "http://u:pw@h:2"])
+    assert "pw" not in hint and hint.endswith("--resume") and "http://***@h:1" in hint and "http://***@h:2" in hint
