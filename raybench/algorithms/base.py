@@ -193,6 +193,13 @@ class Algorithm(nn.Module, ABC):
     trains_by_gradient: ClassVar[bool] = True
     # Dataset capabilities needed whatever the settings (FixMatch: strong augmentation; CORAL, DANN: features).
     requires: ClassVar[frozenset[str]] = frozenset()
+    # The registered models it runs on, when it needs a particular architecture (e-Mix and ShED edit a DABS
+    # transformer's token embeddings); None: any model. Checked with the config, before any data is read.
+    models: ClassVar[Optional[frozenset[str]]] = None
+    # What a dataset must declare in its `algorithm_hparams` under this method's name before it may run there
+    # (SwAV: its multi-crop views, K and pre-training budget); None: nothing. WILDS ran such methods on named
+    # datasets only, and their settings differ per dataset, so a dataset without them is refused, not guessed.
+    dataset_settings: ClassVar[Optional[str]] = None
 
     @classmethod
     def requirements(cls, hparams: Hparams) -> frozenset[str]:
@@ -233,6 +240,11 @@ class Algorithm(nn.Module, ABC):
         """Optimiser parameter groups; DANN overrides this for its three learning rates."""
         return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
 
+    @classmethod
+    def is_pretext(cls, hparams: Hparams) -> bool:
+        """Whether these settings train a pretext task (SwAV, masked LM pre-training): the trainer then runs
+        an epoch as one pass over the unlabeled split, draws no labeled batch and keeps the final weights."""
+        return False
 
     @property
     def rounds(self) -> int:

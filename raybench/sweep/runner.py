@@ -86,7 +86,7 @@ def prepare(options: SweepOptions) -> Prepared:
     options = dataclasses.replace(options, trials=trials, replicates=replicates)
     resolved = space.for_dataset(dataset)
     smoke = SMOKE_FIXED if options.smoke else {}
-    overrides = {**options.extra_fixed, **smoke}
+    overrides = {**smoke, **options.extra_fixed}  # --set beats --smoke's presets: the user named the value
     for name in overrides:  # a value set on the command line wins over the space's search and derivation
         resolved.search.pop(name, None)
         resolved.derived.pop(name, None)

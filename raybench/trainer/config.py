@@ -161,6 +161,8 @@ class TrainConfig:
                          "unlabeled_ratio", "unlabeled_split", "epochs", "grad_clip")
             if getattr(self, name) is None
         }
+        if self.model_weights is None and filled.get("model", self.model) == defaults.model:
+            filled["model_weights"] = defaults.model_weights  # the default model's weights, never another model's
         if self.selection_metric is None:
             filled["selection_metric"] = dataset.selection_metric
         hparams = {**_augment_default(self.algorithm, dataset), **defaults.algorithm_hparams.get(self.algorithm, {}),
@@ -176,6 +178,10 @@ class TrainConfig:
                                                dataset.task.kind, dataset.capabilities)
         if reason:
             raise ConfigError("algorithm", f"{self.algorithm!r} cannot run on {dataset.name!r}: {reason}")
+        if algorithm.dataset_settings and self.algorithm not in dataset.defaults.algorithm_hparams:
+            raise ConfigError("algorithm", f"{self.algorithm!r} cannot run on {dataset.name!r}: the dataset declares no "
+                                           f"{self.algorithm} settings ({algorithm.dataset_settings}; datasets.yaml "
+                                           f"algorithm_hparams.{self.algorithm} for WILDS datasets)")
         if self.input_size is not None:
             try:
                 dataset.at_input_size(self.input_size)
@@ -183,6 +189,9 @@ class TrainConfig:
                 raise ConfigError("input_size", str(err)) from None
         if self.model not in MODELS:
             raise ConfigError("model", f"expected one of {', '.join(MODELS.names())}, got {self.model!r}")
+        needed = ALGORITHMS.get(self.algorithm).models
+        if needed is not None and self.model not in needed:
+            raise ConfigError("model", f"{self.algorithm!r} runs on {' or '.join(sorted(needed))}, got {self.model!r}")
         split, _, metric = (self.selection_metric or "").partition("/")
         if split not in dataset.eval_splits or metric not in dataset.metric_names:
             options = [f"{s}/{m}" for s in dataset.eval_splits for m in dataset.metric_names]

@@ -6,6 +6,10 @@ are accumulated over `grad_accum` batches per optimiser step. After every epoch 
 splits are scored, the best model by the selection metric is kept (for a multi-round method, the best of
 its last round), callbacks are told, and training stops early after `patience` epochs without improvement.
 Nothing here imports Ray or MLflow: the sweep plugs in through `Callback`.
+
+Pretext mode (the pre-training stage of SwAV and masked LM, `Algorithm.is_pretext`): an epoch is one pass
+over the unlabeled split, no labeled batch is drawn and no labeled split is scored; each epoch reports the
+algorithm's pretext numbers, and the final weights are what the stage hands on.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from raybench.trainer.checkpoints import (
 from raybench.trainer.config import ConfigError, TrainConfig
 from raybench.trainer.optim import Schedule, build_optimizer, build_schedule
 from raybench.trainer.rng import capture_rng, derived_seed, preserved_rng, restore_rng, seed_everything, seeded_rng
-from raybench.trainer.stages import StageCache, stage_key
+from raybench.trainer.stages import STAGE_WEIGHTS_FACT, StageCache, stage_key
 
 # The fact a run carries when its selection metric never moved: choosing an epoch by it chose nothing.
 SELECTION_BLIND = "selection metric constant: selection is blind"
@@ -136,12 +140,20 @@ class Trainer:
         if self.device.type == "cuda" and self.shard.world_size > 1:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         self.train_split = self.dataset.split("train")
-        self.uses_unlabeled = ALGORITHMS.get(self.config.algorithm).uses_unlabeled
+        algorithm_cls = ALGORITHMS.get(self.config.algorithm)
+        self.pretext = algorithm_cls.is_pretext(algorithm_cls.Hparams.from_dict(self.config.hparams, self.config.algorithm))
+        self.uses_unlabeled = algorithm_cls.uses_unlabeled or self.pretext
         self.unlabeled_split: Optional[Split] = (
             self.dataset.split(self.config.unlabeled_split) if self.uses_unlabeled else None
         )
-        self.labeled_bs, self.unlabeled_bs = self.config.batch_sizes(self.uses_unlabeled)
-        self.steps_per_epoch = steps_per_epoch(len(self.train_split), self.labeled_bs, self.config.max_steps_per_epoch)
+        if self.pretext:  # every example of a batch is unlabeled, and an epoch is one pass over them
+            assert self.unlabeled_split is not None and self.config.batch_size is not None
+            self.labeled_bs, self.unlabeled_bs = 0, self.config.batch_size
+            epoch_size, epoch_batch = len(self.unlabeled_split), self.unlabeled_bs
+        else:
+            self.labeled_bs, self.unlabeled_bs = self.config.batch_sizes(self.uses_unlabeled)
+            epoch_size, epoch_batch = len(self.train_split), self.labeled_bs
+        self.steps_per_epoch = steps_per_epoch(epoch_size, epoch_batch, self.config.max_steps_per_epoch)
         self.progress = _Progress()
         self.best_state: Optional[dict[str, Tensor]] = None  # the best epoch of the current round
         self.previous_round_state: Optional[dict[str, Tensor]] = None  # the last round's best: the next teacher
@@ -253,11 +265,12 @@ class Trainer:
                 "history": result.history, "seconds": time.perf_counter() - started,
             }
 
-        entry = self._stage_cache().get_or_make(key, make)
+        cache = self._stage_cache()
+        entry = cache.get_or_make(key, make)
         metrics = entry.summary["final_metrics"] if use_final else entry.summary["best_metrics"]
+        facts = {"config": str(entry.summary["config"]), STAGE_WEIGHTS_FACT: str(cache.weights_file(key))}
         self._stage(StageReport(name=name, key=key, cached=entry.cached, metrics=metrics,
-                                history=entry.summary["history"], facts={"config": str(entry.summary["config"])},
-                                seconds=entry.summary["seconds"]))
+                                history=entry.summary["history"], facts=facts, seconds=entry.summary["seconds"]))
         model = load_state_dict_into(trainer.new_model(), entry.state).to(self.device)
         return StageModel(model=model, key=key, cached=entry.cached, metrics=metrics)
 
@@ -356,12 +369,14 @@ class Trainer:
         """A fresh shuffled stream each epoch, so a run resumed from an epoch checkpoint continues exactly."""
         if self.unlabeled_split is None:
             return None
+        if self.pretext:  # the epoch is this one pass
+            return epoch_batches(len(self.unlabeled_split), self.unlabeled_bs, generator)
         return cycle_batches(len(self.unlabeled_split), self.unlabeled_bs, generator)
 
     def _parallel(self, algorithm: Algorithm) -> nn.Module:
         """DDP around the algorithm when several workers train together; the algorithm itself otherwise."""
-        if self.shard.world_size == 1:
-            return algorithm
+        if self.shard.world_size == 1 or not any(p.requires_grad for p in algorithm.parameters()):
+            return algorithm  # DDP refuses a module with nothing to train (newt_probe's closed-form probe)
         return DistributedDataParallel(algorithm, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def _train_epoch(self, algorithm: Algorithm, forward: nn.Module, optimizer: torch.optim.Optimizer,
@@ -370,11 +385,11 @@ class Trainer:
         accum = self.config.grad_accum
         round_epoch = self.progress.epoch - self.progress.round * self.config.epochs
         sums: dict[str, Tensor] = {}
-        batches = self._labeled_batches(algorithm.sampling(self.train_split), generator)
+        batches = None if self.pretext else self._labeled_batches(algorithm.sampling(self.train_split), generator)
         optimizer.zero_grad(set_to_none=True)
         for i in range(self.steps_per_epoch):
             step = round_epoch * self.steps_per_epoch + i
-            labeled = self.train_split.take(self.shard.take(next(batches))).to(self.device)
+            labeled = self.train_split.take(self.shard.take(next(batches))).to(self.device) if batches else None
             unlabeled_batch = (self.unlabeled_split.take(self.shard.take(next(unlabeled))).to(self.device)
                                if unlabeled else None)
             with self._autocast():
@@ -423,6 +438,8 @@ class Trainer:
         """Every labeled evaluation split, restricted to the rows the algorithm may be scored on (DFR fits its
         head on part of `val`: it is scored, and so selected, on the rest only)."""
         metrics: dict[str, float] = {}
+        if self.pretext:  # a pretext stage is judged by its own numbers; labels are not its business
+            return metrics
         restricted = algorithm.scored_rows()
         for name in self.dataset.eval_splits:
             split = self.dataset.split(name)
@@ -437,7 +454,7 @@ class Trainer:
     def _record(self, algorithm: Algorithm, metrics: dict[str, float]) -> bool:
         """Update best-so-far bookkeeping; returns whether this epoch is the new best (ties keep the earlier)."""
         p, name = self.progress, self.config.selection_metric
-        value = metrics[name]
+        value = -metrics["train/loss/total"] if self.pretext else metrics[name]  # pretext: its stage keeps the final weights
         is_best = value > p.best_value
         if is_best:
             p.best_value, p.best_epoch = value, p.epoch
@@ -456,6 +473,8 @@ class Trainer:
         """Tell callbacks when the selection metric had one value at every epoch (two or more) of the round
         selection chooses from: the kept epoch was then chosen by nothing. Called for the run's final report
         and at its end; a metric that moved at any epoch never raises the flag."""
+        if self.pretext:
+            return
         values = self.progress.round_values(self.config.selection_metric, self.config.epochs)
         if len(values) >= 2 and all(v == values[0] for v in values):
             self._info({"selection_blind": SELECTION_BLIND})
@@ -474,7 +493,9 @@ class Trainer:
 
     def _result(self) -> FitResult:
         p = self.progress
-        best_model = self.new_model()
+        # The model as the algorithm shapes it (Noisy Student's dropout head, the NeWT probe's pipeline head),
+        # so the best state loads whole into it.
+        best_model = self._new_algorithm().model.cpu()
         if self.best_state is not None:
             load_state_dict_into(best_model, self.best_state)
         return FitResult(

@@ -1,6 +1,7 @@
 """Optimisers and learning-rate schedules by name (the names datasets and configs use)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -14,7 +15,15 @@ OPTIMIZERS: dict[str, OptimizerFactory] = {
     "sgd": lambda groups, wd, momentum: torch.optim.SGD(groups, momentum=momentum, weight_decay=wd),
     "adam": lambda groups, wd, momentum: torch.optim.Adam(groups, weight_decay=wd),
     "adamw": lambda groups, wd, momentum: torch.optim.AdamW(groups, weight_decay=wd),
+    "lars": lambda groups, wd, momentum: _lars(groups, wd, momentum),
 }
+
+
+def _lars(groups: list[dict[str, Any]], weight_decay: float, momentum: float) -> Optimizer:
+    """SGD with layer-wise trust ratios (trust 0.001), as SwAV's LARC; lightly's implementation."""
+    from lightly.utils.lars import LARS
+
+    return LARS(groups, lr=groups[0]["lr"], momentum=momentum, weight_decay=weight_decay, trust_coefficient=0.001)
 
 
 @dataclass
@@ -40,6 +49,11 @@ SCHEDULES: dict[Optional[str], ScheduleFactory] = {
     "step": lambda opt, total_steps, gamma: Schedule(StepLR(opt, step_size=1, gamma=gamma), per_step=False),
     "linear": lambda opt, total_steps, gamma: Schedule(
         LambdaLR(opt, lambda s: max(0.0, 1.0 - s / max(total_steps, 1))), per_step=True
+    ),
+    # SwAV: cosine from lr to lr / 1000 over the run, per step, no warm-up (WILDS 2.0's SwAV settings)
+    "cosine": lambda opt, total_steps, gamma: Schedule(
+        LambdaLR(opt, lambda s: 1e-3 + (1 - 1e-3) * 0.5 * (1 + math.cos(math.pi * min(s / max(total_steps, 1), 1.0)))),
+        per_step=True,
     ),
 }
 

@@ -26,6 +26,8 @@ MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.json"
 # Settings that change where or how fast a stage runs, not what it learns.
 NOT_IDENTITY = ("device", "data_dir", "eval_batch_size", "stage_cache")
+# The stage fact naming its cached weights file (tracking uploads it as the stage run's artifact).
+STAGE_WEIGHTS_FACT = "weights"
 
 
 def stage_key(config: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
@@ -60,6 +62,9 @@ class StageCache:
             _atomic(entry_dir / MODEL_FILE, lambda path: torch.save(state, path))
             _atomic(entry_dir / SUMMARY_FILE, lambda path: path.write_text(json.dumps(summary, default=str)))
             return StageEntry(key, state, summary, cached=False)
+
+    def weights_file(self, key: str) -> Path:
+        return self.directory / key / MODEL_FILE
 
     @contextmanager
     def _lock(self, key: str) -> Iterator[None]:

@@ -136,7 +136,7 @@ INPUT_KINDS: dict[str, InputKind] = {
         views=lambda spec: MultispectralViews(spec.crop_pad, spec.cutout).as_views(),
         capabilities=frozenset({"strong_augmentation", "features"})),
     "text": InputKind(read=lambda spec, raw: str(raw), collate=list, views=lambda spec: IDENTITY_VIEWS,
-                      capabilities=frozenset({"features"})),
+                      capabilities=frozenset({"features", "text"})),
     "graph": InputKind(read=lambda spec, raw: raw, collate=_collate_graphs, views=lambda spec: IDENTITY_VIEWS,
                        capabilities=frozenset({"features"})),
     "detection": InputKind(read=lambda spec, raw: _read_detection_image(raw), collate=list,

@@ -39,11 +39,13 @@ class MissingDataError(FileNotFoundError):
 def apply() -> None:
     """Install every patch once, before wilds or ogb is imported anywhere."""
     global _APPLIED
+    # On every call: transformers swaps its lazy module object in sys.modules when some models load, which
+    # drops an alias set on the old object.
+    alias_transformers_adamw()
     if _APPLIED:
         return
     install_torch_scatter()
     silence_ogb_version_check()
-    alias_transformers_adamw()
     _patch_ogb()
     _patch_civilcomments()
     _APPLIED = True
@@ -198,5 +200,5 @@ def alias_transformers_adamw() -> None:
         import transformers
     except ImportError:
         return
-    if "AdamW" not in dir(transformers):
+    if getattr(transformers, "AdamW", None) is not torch.optim.AdamW:
         transformers.AdamW = torch.optim.AdamW  # type: ignore[attr-defined]

@@ -1,0 +1,120 @@
+"""What DABS's two pre-training objectives (e-Mix, ShED) share: settings, the model check, and linear transfer.
+
+Both are pre-train-then-transfer methods in the sense of raybench/algorithms/pretext.py: one registered
+algorithm with a pretext phase (a cached stage on the unlabeled split, AdamW lr 1e-4, weight decay 1e-4 as in
+DABS) and a fine-tuning phase, here DABS's linear transfer: the pre-trained featurizer is frozen (its
+parameters never reach the optimiser, and it stays in eval mode so dropout does not perturb the features) and
+a fresh linear head is trained on the labeled data (DABS: Adam lr 1e-4; the search space sets it).
+
+The objectives act on the token embeddings between `featurizer.embed` and `featurizer.encode`, so they need a
+DABS transformer (raybench/models/dabs.py); any other model is refused when the algorithm is built.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+from torch import Tensor
+
+from raybench.algorithms.base import Algorithm, AlgorithmContext, RoundContext, StepOutput
+from raybench.algorithms.pretext import (
+    PretrainHparams, PretrainThenTransfer, is_pretext_phase, pretrain_stage, transfer_featurizer,
+)
+from raybench.data.base import Batch, TaskKind
+from raybench.models.base import FeaturizerHead
+from raybench.models.dabs import is_dabs_model
+
+DABS_MODELS = ("dabs_transformer", "dabs_transformer_small")
+
+
+@dataclass
+class DabsHparams(PretrainHparams):
+    """Linear transfer has no settings of its own (the lr is the trainer's); every field configures pre-training.
+
+    DABS trains 100k AdamW steps at batch 64-256 on a GPU; the defaults here are scaled to a few hundred steps
+    on a CPU (6 passes over digits-shift's 3,000 unlabeled test images at batch 64).
+    """
+
+    pretrain_lr: float = 1e-4
+    pretrain_weight_decay: float = 1e-4
+    pretrain_batch_size: int = 64
+    pretrain_epochs: int = 6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.pretrain_weight_decay >= 0:
+            raise ValueError(f"pretrain_weight_decay: expected a number >= 0, got {self.pretrain_weight_decay!r}")
+
+
+def refuse_other_models(model: FeaturizerHead, algorithm: str) -> None:
+    """A ConfigError on `model` unless it is a DABS transformer: the objectives edit its token embeddings."""
+    if is_dabs_model(model):
+        return
+    from raybench.trainer.config import ConfigError  # here, not at the top: the trainer imports the algorithms
+
+    raise ConfigError("model", f"algorithm {algorithm!r} needs a DABS transformer ({' or '.join(DABS_MODELS)}), "
+                               f"whose token embeddings it edits; got a {type(model.featurizer).__name__} featurizer")
+
+
+class DabsPretext(PretrainThenTransfer, Algorithm):
+    """Base of e-Mix and ShED: subclasses add their pretext modules and `pretext_objective`, and name the
+    settings that define their pre-training (`objective_settings`)."""
+
+    Hparams: ClassVar[type[Hparams]] = DabsHparams
+    models = frozenset(DABS_MODELS)
+
+    def __init__(self, model: FeaturizerHead, hparams: DabsHparams, context: AlgorithmContext) -> None:
+        super().__init__(model, hparams, context)
+        refuse_other_models(model, self.name)
+        self.linear_transfer = not is_pretext_phase(hparams)
+        if self.linear_transfer:  # before the trainer builds the optimiser, so it receives the head alone
+            self.model.featurizer.requires_grad_(False)
+
+    @classmethod
+    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> Optional[str]:
+        if not capabilities & {"strong_augmentation", "text"}:  # image datasets offer the first, text the second
+            return ("DABS's embedding modules read images, raw text or 1-D signals (not graphs or detection boxes), "
+                    "and its objectives need a dabs_transformer model")
+        return super().inapplicable_reason(hparams, task, capabilities)
+
+    def train(self, mode: bool = True) -> "DabsPretext":
+        """In linear transfer the frozen featurizer stays in eval mode: its features are fixed, no dropout."""
+        super().train(mode)
+        if self.linear_transfer:
+            self.model.featurizer.eval()
+        return self
+
+    def objective(self, labeled: Optional[Batch], unlabeled: Optional[Batch], step: int) -> StepOutput:
+        if not self.linear_transfer:
+            assert unlabeled is not None, f"the {self.name} pretext phase trains on unlabeled batches"
+            return self.pretext_objective(self.context.views.plain(unlabeled.x))
+        assert labeled is not None
+        loss = self.supervised_loss(self.model(self.context.views.plain(labeled.x)), labeled.y)
+        return StepOutput(loss, {"loss/supervised": loss.detach()})
+
+    @abstractmethod
+    def pretext_objective(self, x: Any) -> StepOutput:
+        """The pretext loss on a batch of (plain-view) unlabeled inputs."""
+
+    def objective_settings(self) -> dict[str, Any]:
+        """The hyperparameters of the pretext objective, which the pre-training stage must carry."""
+        return {}
+
+    def begin_round(self, context: RoundContext) -> dict[str, str]:
+        if not self.linear_transfer:
+            return {}
+        h = self.hparams
+        assert isinstance(h, DabsHparams)
+        stage = pretrain_stage(context, h, self.name, {
+            "optimizer": "adamw", "weight_decay": h.pretrain_weight_decay, "scheduler": None,
+            "pretrain_weight_decay": h.pretrain_weight_decay, **self.objective_settings(),
+        })
+        transfer_featurizer(stage.model, self.model)
+        return {"pretrained_featurizer": stage.key, "pretrain_cached": str(stage.cached)}
+
+
+def masked_mean(values: Tensor, keep: Tensor) -> Tensor:
+    """Mean of `values` where `keep` is True (0 when nothing is kept, rather than NaN)."""
+    keep = keep.to(values.dtype)
+    return (values * keep).sum() / keep.sum().clamp(min=1)

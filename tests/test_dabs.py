@@ -1,0 +1,258 @@
+"""DABS: the transformer's embedding modules and padding, e-Mix and ShED losses, and linear transfer."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import raybench.algorithms.emix  # noqa: F401  (registers emix)
+import raybench.algorithms.shed  # noqa: F401  (registers shed)
+import raybench.models.dabs  # noqa: F401  (registers the dabs_transformer models)
+from raybench.algorithms import AlgorithmContext, build_algorithm
+from raybench.algorithms.emix import EMix, emix_loss, mix_embeddings
+from raybench.algorithms.shed import ShED, binary_entropy, shuffle_count, shuffle_sources
+from raybench.models import ModelSpec, build_model
+from raybench.models.dabs import (
+    DabsFeaturizer, EncoderSize, FrameEmbedding, PatchEmbedding, TokenEmbedding,
+)
+from raybench.trainer import ConfigError, TrainConfig, Trainer
+from raybench.trainer.callbacks import Callback
+from raybench.trainer.checkpoints import load_state_dict_into
+from raybench.trainer.stages import StageCache
+
+SMALL = "dabs_transformer_small"
+TINY = EncoderSize(layers=2, width=32, heads=4, mlp=64, dropout=0.0)
+
+
+def context_for(dataset) -> AlgorithmContext:
+    return AlgorithmContext(dataset.task, dataset.views, dataset.n_domains, 100, dataset.n_groups)
+
+
+def small_model(dataset):
+    return build_model(SMALL, ModelSpec(dataset.input_shape, dataset.task.n_outputs))
+
+
+# ----- the transformer -------------------------------------------------------------------------------
+
+def test_every_embedding_module_feeds_the_one_encoder_at_its_width():
+    d = 32
+    featurizer = DabsFeaturizer([PatchEmbedding(3, 16, 16, d), FrameEmbedding(2, 40, d), TokenEmbedding(12, d)], TINY)
+    featurizer.eval()
+    inputs = {"image": torch.randn(3, 3, 16, 16), "signal": torch.randn(3, 2, 40),
+              "text": ["a bird in the forest", "fish", "a dog that lives in a house"]}
+    for modality, x in inputs.items():
+        tokens, padding = featurizer.embed(x)
+        assert tokens.shape[0] == 3 and tokens.shape[-1] == d and padding.shape == tokens.shape[:2], modality
+        assert featurizer.encode(tokens, padding).shape == (3, tokens.shape[1] + 1, d), modality
+        assert featurizer(x).shape == (3, d), modality
+    assert featurizer.embed(inputs["image"])[0].shape[1] == 16  # 4-px patches of a 16-px image
+    assert featurizer.embed(inputs["text"])[1].any()  # the shorter strings are padded
+
+
+def test_the_model_follows_the_input_shape_and_refuses_other_inputs():
+    image = build_model(SMALL, ModelSpec((3, 16, 16), 5))
+    text = build_model(SMALL, ModelSpec((16,), 5))
+    assert set(image.featurizer.embeddings) == {"image"} and set(text.featurizer.embeddings) == {"text"}
+    assert image.n_features == image.featurizer.n_features == 64
+    with pytest.raises(ValueError, match="embeds image, got a batch of text"):
+        image(["some text"])
+    with pytest.raises(ValueError, match="lists of strings"):
+        text(torch.zeros(2, 16, dtype=torch.long))
+
+
+def test_the_default_size_is_dabs():
+    model = build_model("dabs_transformer", ModelSpec((3, 16, 16), 5))
+    layers = model.featurizer.encoder.layers
+    assert len(layers) == 12 and model.n_features == 256
+    assert layers[0].self_attn.num_heads == 8 and layers[0].linear1.out_features == 512
+    assert layers[0].dropout.p == 0.1
+
+
+def test_the_cls_output_does_not_depend_on_padding():
+    torch.manual_seed(0)
+    model = build_model(SMALL, ModelSpec((32,), 3))
+    model.eval()
+    alone = model.featurizer(["a small bird"])
+    padded = model.featurizer(["a small bird", "a much longer string that forces the first one to be padded a lot"])
+    assert model.featurizer.embed(["a small bird", "a much longer string"])[1][0].any()
+    torch.testing.assert_close(padded[0], alone[0], atol=1e-5, rtol=1e-5)
+
+
+# ----- e-Mix -----------------------------------------------------------------------------------------
+
+def test_emix_with_lambda_one_is_infonce():
+    torch.manual_seed(0)
+    b, tau = 8, 0.2
+    z_mixed, z_clean = F.normalize(torch.randn(b, 16), dim=1), F.normalize(torch.randn(b, 16), dim=1)
+    partner = torch.randperm(b)
+    sims = torch.exp(z_mixed @ z_clean.T / tau)
+    infonce = -torch.log(sims.diagonal() / sims.sum(1)).mean()
+    loss = emix_loss(z_mixed, z_clean, torch.ones(b), partner, tau)
+    assert loss.item() == pytest.approx(infonce.item(), rel=1e-5)
+    lam = torch.full((b,), 0.7)  # and the mixed targets weigh the partner's column by 1 - lambda
+    by_hand = -(0.7 * torch.log(sims.diagonal() / sims.sum(1)) + 0.3 * torch.log(sims[torch.arange(b), partner] / sims.sum(1)))
+    assert emix_loss(z_mixed, z_clean, lam, partner, tau).item() == pytest.approx(by_hand.mean().item(), rel=1e-5)
+
+
+def test_mixing_stops_the_gradient_at_the_partner():
+    tokens = torch.randn(4, 5, 8, requires_grad=True)
+    padding = torch.zeros(4, 5, dtype=torch.bool)
+    padding[1, 3:] = True
+    padding[2, 2:] = True
+    lam, partner = torch.tensor([0.9, 0.6, 0.5, 1.0]), torch.tensor([1, 2, 0, 3])
+    mixed, mixed_padding = mix_embeddings(tokens, padding, lam, partner)
+    torch.testing.assert_close(mixed[0], 0.9 * tokens[0] + 0.1 * tokens[1])
+    mixed.sum().backward()
+    torch.testing.assert_close(tokens.grad, lam.view(4, 1, 1).expand_as(tokens))  # no (1 - lambda) from partners
+    assert mixed_padding[1, 3:].all() and not mixed_padding[1, 2] and not mixed_padding[2].any()
+
+
+def test_emix_loss_at_initialisation_is_about_ln_b(tiny_dataset):
+    torch.manual_seed(0)
+    algorithm = build_algorithm("emix", small_model(tiny_dataset), {"phase": "pretext"}, context_for(tiny_dataset))
+    assert isinstance(algorithm, EMix)
+    x = tiny_dataset.split("test_unlabeled").take(torch.arange(64)).x
+    loss = algorithm.pretext_objective(tiny_dataset.views.plain(x)).loss.item()
+    assert abs(loss - math.log(64)) < 0.15 * math.log(64), loss
+
+
+# ----- ShED ------------------------------------------------------------------------------------------
+
+def test_shed_moves_ceil_15_percent_of_real_positions_and_none_stays():
+    torch.manual_seed(0)
+    lengths = [20, 14, 40, 7]
+    padding = torch.arange(40).expand(4, 40) >= torch.tensor(lengths).view(4, 1)
+    for _ in range(20):
+        sources = shuffle_sources(padding, 0.15)
+        for row, length in enumerate(lengths):
+            chosen = (sources[row] != torch.arange(40)).nonzero().flatten()
+            assert len(chosen) == max(2, math.ceil(0.15 * length)) == shuffle_count(length, 0.15)
+            assert (chosen < length).all(), "a padding position moved"
+            assert sorted(sources[row, chosen].tolist()) == chosen.tolist(), "not a shift among the chosen positions"
+        assert (sources >= 0).all() and (sources < 40).all()
+
+
+class Letters:
+    """Synthetic token sequences: 20 consecutive letters from a random start, so a moved letter breaks the run."""
+
+    @staticmethod
+    def batch(n: int, generator: torch.Generator) -> list[str]:
+        starts = torch.randint(0, 7, (n,), generator=generator).tolist()
+        return [" ".join(chr(ord("a") + s + j) for j in range(20)) for s in starts]
+
+
+def test_a_short_shed_run_beats_the_never_moved_baseline():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    featurizer = DabsFeaturizer([TokenEmbedding(20, 32)], TINY)
+    detector = torch.nn.Linear(32, 2)
+    params = list(featurizer.parameters()) + list(detector.parameters())
+    optimizer = torch.optim.AdamW(params, lr=3e-3, weight_decay=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    losses = []
+    from raybench.algorithms.shed import shed_loss, shuffle_embeddings
+
+    for _ in range(250):
+        tokens, padding = featurizer.embed(Letters.batch(32, generator))
+        sources = shuffle_sources(padding, 0.15)
+        moved = sources != torch.arange(sources.shape[1])
+        loss = shed_loss(detector(featurizer.encode(shuffle_embeddings(tokens, sources), padding)[:, 1:]), moved, padding)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert tokens.shape[1] == 20 and binary_entropy(3 / 20) == pytest.approx(0.4227, abs=1e-4)
+    assert sum(losses[-20:]) / 20 < binary_entropy(0.15) - 0.05, losses[-20:]
+
+
+def test_shed_pretext_objective_on_the_small_model(tiny_dataset):
+    torch.manual_seed(0)
+    algorithm = build_algorithm("shed", small_model(tiny_dataset), {"phase": "pretext"}, context_for(tiny_dataset))
+    assert isinstance(algorithm, ShED)
+    x = tiny_dataset.views.plain(tiny_dataset.split("test_unlabeled").take(torch.arange(16)).x)
+    out = algorithm.pretext_objective(x)
+    assert out.logs["shed/moved_fraction"].item() == pytest.approx(3 / 16)  # ceil(0.15 * 16 patches) = 3
+    assert torch.isfinite(out.loss)
+
+
+# ----- applicability and linear transfer ---------------------------------------------------------------
+
+def test_other_models_are_refused_when_the_algorithm_is_built(tiny_dataset):
+    lenet = build_model("lenet", ModelSpec(tiny_dataset.input_shape, 4))
+    with pytest.raises(ConfigError, match="model: algorithm 'emix' needs a DABS transformer"):
+        build_algorithm("emix", lenet, {}, context_for(tiny_dataset))
+
+
+def test_graphs_are_refused_by_applicability():
+    from raybench.data.base import TaskKind
+
+    assert ShED.inapplicable_reason(ShED.Hparams(), TaskKind.MULTILABEL, frozenset({"features"}))
+    assert ShED.inapplicable_reason(ShED.Hparams(), TaskKind.CLASSIFICATION, frozenset({"text", "features"})) is None
+
+
+class Stages(Callback):
+    def __init__(self) -> None:
+        self.reports = []
+
+    def on_stage(self, report) -> None:
+        self.reports.append(report)
+
+
+def emix_config(tmp_path, **settings) -> TrainConfig:
+    return TrainConfig.from_flat({"dataset": "tiny", "algorithm": "emix", "model": SMALL, "epochs": 1, "device": "cpu",
+                                  "stage_cache": str(tmp_path), "pretrain_epochs": 2, "pretrain_batch_size": 32,
+                                  "optimizer": "adam", "lr": 1e-3, **settings})
+
+
+def test_only_the_featurizer_transfers_and_stays_frozen(tiny_dataset, tmp_path):
+    config = emix_config(tmp_path)
+    stages = Stages()
+    trainer = Trainer(config, callbacks=[stages], dataset=tiny_dataset)
+    torch.manual_seed(123)
+    algorithm = build_algorithm("emix", small_model(tiny_dataset), config.resolve(tiny_dataset).hparams,
+                                context_for(tiny_dataset))
+    fresh_head = {k: v.clone() for k, v in algorithm.model.head.state_dict().items()}
+    facts = algorithm.begin_round(trainer._round_context(0))
+    (report,) = stages.reports
+    assert report.name == "pretrain" and facts["pretrained_featurizer"] == report.key
+    cached = StageCache(tmp_path).get_or_make(report.key, lambda: pytest.fail("the stage was not cached"))
+    pretrained = load_state_dict_into(small_model(tiny_dataset), cached.state)
+    for name, value in algorithm.model.featurizer.state_dict().items():
+        assert torch.equal(value, pretrained.featurizer.state_dict()[name]), f"featurizer {name} differs from the cache"
+    for name, value in algorithm.model.head.state_dict().items():
+        assert torch.equal(value, fresh_head[name]), "the head did not start fresh"
+
+    (group,) = algorithm.param_groups(1e-3)
+    head_params = {id(p) for p in algorithm.model.head.parameters()}
+    assert {id(p) for p in group["params"]} == head_params, "the optimiser gets more than the head"
+    optimizer = torch.optim.Adam(algorithm.param_groups(1e-2))
+    before = {k: v.clone() for k, v in algorithm.model.state_dict().items()}
+    algorithm.train()
+    assert not algorithm.model.featurizer.training, "the frozen featurizer runs with dropout"
+    out = algorithm(tiny_dataset.split("train").take(torch.arange(16)), None, 0)
+    out.loss.backward()
+    optimizer.step()
+    after = algorithm.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items() if k.startswith("featurizer."))
+    assert any(not torch.equal(after[k], v) for k, v in before.items() if k.startswith("head."))
+
+
+def test_emix_end_to_end_pretrains_then_fine_tunes(tiny_dataset, tmp_path):
+    torch.set_num_threads(1)
+    stages = Stages()
+    result = Trainer(emix_config(tmp_path), callbacks=[stages], dataset=tiny_dataset).fit()
+    (report,) = stages.reports
+    assert not report.cached and len(report.history) == 2  # two passes over the unlabeled split
+    assert all(math.isfinite(epoch["train/loss/emix"]) for epoch in report.history)
+    assert "val/acc" in result.final_metrics and "train/loss/supervised" in result.final_metrics
+    cached = StageCache(tmp_path).get_or_make(report.key, lambda: pytest.fail("the stage was not cached"))
+    pretrained = load_state_dict_into(small_model(tiny_dataset), cached.state)
+    torch.manual_seed(0)
+    untrained = small_model(tiny_dataset)
+    assert any(not torch.equal(v, untrained.featurizer.state_dict()[k])
+               for k, v in pretrained.featurizer.state_dict().items()), "the pretext stage changed nothing"
+    for name, value in result.final_state.items():  # fine-tuning kept the pre-trained featurizer as it was
+        if name.startswith("featurizer."):
+            assert torch.equal(value, pretrained.state_dict()[name]), name
