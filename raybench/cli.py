@@ -13,7 +13,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from raybench.registry import UnknownNameError
 
@@ -73,11 +73,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 # ----- raybench train ---------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
-    from raybench.data import load_dataset
-    from raybench.paths import writable_dir_problem
-    from raybench.trainer import ConfigError, DivergenceError, TrainConfig, Trainer
-    from raybench.trainer.console import ConsoleCallback
-
     flags = {"dataset": args.dataset, "algorithm": args.algorithm, "seed": args.seed}
     if args.epochs is not None:
         flags["epochs"] = args.epochs
@@ -85,24 +80,37 @@ def cmd_train(args: argparse.Namespace) -> int:
     clash = sorted(set(overrides) & set(flags))
     if clash:
         raise UsageError(f"--set {clash[0]}: use the --{clash[0].replace('_', '-')} flag instead")
-    output = Path(args.output) if args.output else None
+    names = {key: f"--{key.replace('_', '-')}" for key in flags}
+    return train_once({**flags, **overrides}, names, Path(args.output) if args.output else None)
+
+
+def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Optional[Path]) -> int:
+    """Train one flat config (`raybench train`, `raybench probe`) and print its one JSON line.
+
+    `names` says how the user spelled each setting they gave as a flag (`--epochs`, `checkpoint`), so an
+    error names that; any other setting is named as `--set KEY`.
+    """
+    from raybench.data import load_dataset
+    from raybench.data.base import MissingSourceError
+    from raybench.paths import writable_dir_problem
+    from raybench.trainer import ConfigError, DivergenceError, TrainConfig, Trainer
+    from raybench.trainer.console import ConsoleCallback
+
     problem = writable_dir_problem(output) if output is not None else None
     if problem:  # found now, not after an hour of training
         raise UsageError(f"--output: {problem}")
-
-    def flag(err: ConfigError) -> str:
-        return f"--{err.key.replace('_', '-')}" if err.key in flags else f"--set {err.key}"
-
     try:
-        config = TrainConfig.from_flat({**flags, **overrides})
+        config = TrainConfig.from_flat(settings)
         config.check_device_available()
         dataset = load_dataset(config.dataset, config.data_dir, config.data_seed)
         trainer = Trainer(config, callbacks=[ConsoleCallback(sys.stderr, output)], dataset=dataset)
         result = trainer.fit()
     except UnknownNameError as err:
         raise UsageError(f"--dataset: {err}") from None
+    except MissingSourceError as err:  # an embedded dataset's Debian package is not installed
+        raise UsageError(f"--dataset: {err}") from None
     except ConfigError as err:  # also from fit(): a teacher checkpoint is read when its round starts
-        raise UsageError(f"{flag(err)}: {err.detail}") from None
+        raise UsageError(f"{names.get(err.key, f'--set {err.key}')}: {err.detail}") from None
     except DivergenceError as err:
         print(f"raybench: training diverged: {err}", file=sys.stderr)
         return 1
@@ -117,6 +125,81 @@ def cmd_train(args: argparse.Namespace) -> int:
         write_text_atomically(output / "result.json", json.dumps(summary, indent=2, sort_keys=True))
     print(json.dumps(summary, sort_keys=True))
     return 0
+
+
+# ----- raybench probe ---------------------------------------------------------------------------
+def cmd_probe(args: argparse.Namespace) -> int:
+    """`raybench train --algorithm newt_probe --set features_from=CHECKPOINT ...`, spelled as one command."""
+    settings: dict[str, Any] = {"dataset": args.dataset, "algorithm": "newt_probe", "seed": args.seed,
+                                "features_from": args.checkpoint}
+    names = {"dataset": "--dataset", "seed": "--seed", "features_from": "checkpoint", "model": "--model",
+             "c_grid": "--c-grid"}
+    if args.model is not None:
+        settings["model"] = args.model
+    if args.c_grid is not None:
+        settings["c_grid"] = args.c_grid
+    return train_once(settings, names, Path(args.output) if args.output else None)
+
+
+# ----- raybench newt-suite ----------------------------------------------------------------------
+def cmd_newt_suite(args: argparse.Namespace) -> int:
+    from raybench.algorithms.newt_probe import NEWT_C_GRID
+    from raybench.data import load_dataset
+    from raybench.newt_suite import SUITE_FAMILIES, SuiteSettings, run_suite
+    from raybench.tracking import (
+        EXPERIMENT, TrackingError, check_reachable, default_tracking_uri, log_task_suite, redact_uri,
+    )
+    from raybench.trainer import ConfigError
+
+    if args.dataset not in SUITE_FAMILIES:
+        raise UsageError(f"--dataset: expected one of {', '.join(SUITE_FAMILIES)} (a dataset the suite has task "
+                         f"clusters for), got {args.dataset!r}")
+    uri = args.tracking_uri or default_tracking_uri()
+    try:
+        check_reachable(uri)  # before a minute of probes, not after
+    except TrackingError as err:
+        raise UsageError(f"--tracking-uri: {err}") from None
+    settings = SuiteSettings(dataset=args.dataset, features_from=args.features_from, model=args.model,
+                             seed=args.seed, per_class=args.per_class, c_grid=args.c_grid or NEWT_C_GRID)
+    try:
+        result = run_suite(load_dataset(args.dataset), settings, SUITE_FAMILIES[args.dataset])
+    except ConfigError as err:
+        raise UsageError(f"--{err.key.replace('_', '-')}: {err.detail}") from None
+    experiment = args.experiment or EXPERIMENT
+    try:
+        run_id = log_task_suite(uri, result, experiment)
+    except TrackingError as err:
+        raise UsageError(f"--tracking-uri: {err}") from None
+    print(result.table())
+    print(f"MLflow: run {run_id} ({result.name}) in experiment {experiment!r} at {redact_uri(uri)}", file=sys.stderr)
+    print(json.dumps({**result.summary(), "mlflow_run_id": run_id}, sort_keys=True))
+    return 0
+
+
+def add_probe_parsers(sub: Any) -> None:
+    p = sub.add_parser("probe", help="NeWT's linear probe on one checkpoint's frozen features (raybench train "
+                                     "--algorithm newt_probe); ends in a JSON line")
+    p.add_argument("checkpoint", help="a best_model.pt, a stage-cache model.pt, or a folder holding one")
+    p.add_argument("--dataset", default="digits-shift")
+    p.add_argument("--model", help="a registered model (default: the dataset's); must match the checkpoint")
+    p.add_argument("--c-grid", help="comma-separated C values for the SVM (default: NeWT's 1e-4..1e3)")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--output", help="directory for the checkpoint (best_model.pt) and result.json")
+    p.set_defaults(run=cmd_probe)
+
+    s = sub.add_parser("newt-suite", help="45 binary digit-pair tasks in digits-shift's OOD-test domain, NeWT's "
+                                          "probe on each, means per cluster; tracked in MLflow")
+    s.add_argument("--dataset", default="digits-shift")
+    s.add_argument("--features-from", required=True, metavar="random|PATH",
+                   help="'random' (the model's seeded initialisation) or a checkpoint file or folder")
+    s.add_argument("--model", help="a registered model (default: the dataset's)")
+    s.add_argument("--seed", type=non_negative_int, default=0, help="the model's initialisation, the draws, the folds")
+    s.add_argument("--per-class", type=positive_int,
+                   help="train (and test) examples per class of each task (default: the most the domain allows, <= 50)")
+    s.add_argument("--c-grid", help="comma-separated C values for the SVM (default: NeWT's 1e-4..1e3)")
+    s.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
+    s.add_argument("--experiment", help="MLflow experiment (default: the one sweeps log to)")
+    s.set_defaults(run=cmd_newt_suite)
 
 
 # ----- raybench sweep ---------------------------------------------------------------------------
@@ -321,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.add_argument("--seed", type=non_negative_int, default=0)
     p_train.add_argument("--output", help="directory for the checkpoint (state.pt, best_model.pt) and result.json")
     p_train.set_defaults(run=cmd_train)
+    add_probe_parsers(sub)
     add_sweep_parser(sub)
     add_data_parser(sub)
     return parser

@@ -20,7 +20,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # `raybench results` prints one table, no bars
@@ -31,6 +31,9 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 import raybench  # noqa: E402
 from raybench.paths import writable_dir_problem  # noqa: E402
 from raybench.trainer.stages import STAGE_WEIGHTS_FACT  # noqa: E402
+
+if TYPE_CHECKING:
+    from raybench.newt_suite import SuiteResult, TaskResult
 
 EXPERIMENT = "raybench"
 PARENT_TAG = "mlflow.parentRunId"
@@ -329,6 +332,61 @@ class SweepTracker:
             found += runs
             frontier = [run.info.run_id for run in runs] if nested else []
         return found
+
+
+# ----- a NeWT-style task suite ---------------------------------------------------------------------------
+SUITE_STAGE = "newt_suite"
+SUITE_TASK_STAGE = "newt_task"
+
+
+def suite_params(result: "SuiteResult") -> dict[str, Any]:
+    """What a suite run was asked for, as the parent run's params (model and per_class as run)."""
+    s = result.settings
+    return {"dataset": s.dataset, "model": s.model, "features_from": s.features_from, "seed": s.seed,
+            "per_class": s.per_class, "c_grid": s.c_grid, "folds": s.folds, "n_tasks": len(result.tasks)}
+
+
+def suite_metrics(result: "SuiteResult") -> dict[str, float]:
+    """The suite's headline numbers: mean test accuracy per cluster (`accuracy/<cluster>`) and overall."""
+    return {**{f"accuracy/{cluster}": mean for cluster, mean in result.cluster_means.items()},
+            "accuracy/overall": result.overall_mean}
+
+
+def task_params(task: "TaskResult") -> dict[str, Any]:
+    return {"pair": task.task, "first": task.first, "second": task.second, "cluster": task.cluster,
+            "n_train": task.n_train, "n_test": task.n_test}
+
+
+def task_metrics(task: "TaskResult") -> dict[str, float]:
+    return {"accuracy": task.accuracy, "best_c": task.best_c, "cv_accuracy": task.cv_accuracy,
+            "unconverged_fits": task.unconverged_fits}
+
+
+def log_task_suite(uri: str, result: "SuiteResult", experiment: str = EXPERIMENT) -> str:
+    """A finished suite as one parent run (settings, cluster and overall means) with one nested run per task
+    (its pair, cluster, accuracy, chosen C, cross-validated accuracy); returns the parent's run id.
+
+    Every run is new: a suite takes a minute, so a re-run is a fresh measurement, not a resumption. A failure
+    half way marks the parent FAILED, so the store never shows a suite with a silently missing task.
+    """
+    tracker = SweepTracker(uri, experiment)
+    client, s = tracker.client, result.settings
+    tags = {**base_tags(s.dataset, "newt_probe"), "stage": SUITE_STAGE, "model": str(s.model),
+            "features_source": result.features_source[:5000]}
+    parent = client.create_run(tracker.experiment_id, run_name=result.name, tags=tags).info.run_id
+    try:
+        tracker._log(parent, params=flatten(suite_params(result)), metrics=numeric_metrics(suite_metrics(result)))
+        for task in result.tasks:
+            child = client.create_run(tracker.experiment_id, run_name=f"{task.task} ({task.cluster})", tags={
+                "stage": SUITE_TASK_STAGE, "cluster": task.cluster, PARENT_TAG: parent,
+                KEY_TAG: f"{result.name}/{task.task}"}).info.run_id
+            tracker._log(child, params=flatten(task_params(task)), metrics=numeric_metrics(task_metrics(task)))
+            client.set_terminated(child, status="FINISHED")
+    except BaseException:
+        client.set_terminated(parent, status="FAILED")
+        raise
+    client.set_terminated(parent, status="FINISHED")
+    return parent
 
 
 # ----- reading a finished sweep back ------------------------------------------------------------------

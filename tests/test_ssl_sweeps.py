@@ -1,4 +1,4 @@
-"""SwAV and masked-LM sweeps on a real local Ray with a SQLite MLflow: one pre-training per sweep, a nested run.
+"""SwAV, masked-LM and e-Mix sweeps, and a NeWT-probe sweep, on a real local Ray with a SQLite MLflow: one pre-training per sweep, a nested run.
 
 Each sweep runs as the `raybench` command (function executor, smoke settings) in a subprocess; the test then
 reads the MLflow store: every trial and replicate has a nested `pretrain` run (loss curve, settings, cache
@@ -107,6 +107,7 @@ CASES = {
     # text-shift evaluates 3,500 texts with MiniLM per epoch: one trial, one replicate, one epoch keep it short
     "mlm-text-shift": Case("mlm", "text-shift", SMALL_MLM + ("epochs=1",), runs=(1, 1)),
     "mlm-civilcomments": Case("mlm", "civilcomments", SMALL_MLM + (f"model_weights={MINILM}",), wilds=True),
+    "emix-digits": Case("emix", "digits-shift", ("pretrain_epochs=1",)),
 }
 
 
@@ -143,3 +144,20 @@ def test_every_run_has_a_nested_pretraining_and_one_trained_it(ssl_sweep):
     assert artifacts == ["pretrain/model.pt"]
     cache = ssl_sweep["dir"] / "runs" / "stage_cache"
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 1
+
+
+@pytest.fixture(scope="module")
+def probe_sweep(tmp_path_factory, shared_data_dir):
+    return _sweep("newt_probe", "digits-shift", ["c_grid=0.01,1"], (1, 2), tmp_path_factory.mktemp("probe"),
+                  shared_data_dir, {})
+
+
+def test_a_probe_sweep_records_each_runs_chosen_c_in_a_nested_probe_run(probe_sweep):
+    trials = _runs(probe_sweep, "tags.stage = 'search'") + _runs(probe_sweep, "tags.stage = 'replicate'")
+    assert len(trials) == probe_sweep["runs"]
+    for trial in trials:
+        (stage,) = _runs(probe_sweep, f"tags.`mlflow.parentRunId` = '{trial.info.run_id}'")
+        assert stage.data.tags["raybench.method_stage"] == "probe"
+        assert stage.data.metrics["final/best_c"] in (0.01, 1.0)
+        assert 0.0 < stage.data.metrics["final/cv_accuracy"] <= 1.0
+        assert set(eval(stage.data.params["cv_accuracy_by_c"])) == {"0.01", "1"}  # every C of the grid was scored

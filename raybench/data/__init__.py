@@ -40,6 +40,7 @@ def load_dataset(name: str, data_dir: Optional[Path] = None, seed: int = 0) -> S
 # Importing the modules registers their datasets.
 from raybench.data import digits_shift  # noqa: E402,F401
 from raybench.data import spuco  # noqa: E402,F401
+from raybench.data import spoken_digits  # noqa: E402,F401
 from raybench.data import text_shift  # noqa: E402,F401
 from raybench.data.wilds import adapter as _wilds  # noqa: E402
 

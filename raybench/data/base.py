@@ -26,6 +26,11 @@ MIN_GROUP_EXAMPLES = 10
 SMALL_GROUPS_SHOWN = 5  # how many of the smallest groups the warning names
 
 
+class MissingSourceError(FileNotFoundError):
+    """A source file of an embedded dataset is absent because the Debian package that installs it is not; the
+    message names the file and the `apt-get install` that fixes it, and the command line prints it as one line."""
+
+
 class TaskKind(str, Enum):
     CLASSIFICATION = "classification"
     REGRESSION = "regression"

@@ -89,7 +89,9 @@ import torch
 from torch import Tensor
 
 from raybench.data import DATASETS
-from raybench.data.base import LABELED_SPLITS, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
+from raybench.data.base import (
+    LABELED_SPLITS, MissingSourceError, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views,
+)
 from raybench.data.cache import load_npz_or_rebuild
 from raybench.metrics import accuracy, macro_f1
 
@@ -139,10 +141,6 @@ NOUN_LEXFILES: dict[int, str] = {
 TAXON_PREFIXES: tuple[str, ...] = ("genus_", "family_", "subfamily_", "superfamily_", "order_", "suborder_",
                                    "superorder_", "class_", "subclass_", "superclass_", "phylum_", "subphylum_",
                                    "division_", "subdivision_", "kingdom_", "subkingdom_", "tribe_", "section_")
-
-
-class MissingSourceError(FileNotFoundError):
-    """A source file of text-shift is absent: the Debian package that installs it is not installed."""
 
 
 # ---------------------------------------------------------------- source files
