@@ -210,6 +210,15 @@ class Split:
         )
 
 
+def domain_split(name: str, arrays: Mapping[str, Any]) -> Split:
+    """Split `name` of a cached array dataset (`<name>.x`, `<name>.domain`, `<name>.y` when labeled) whose
+    groups are its domains, as in the embedded shift datasets (digits-shift, spoken-digits)."""
+    domain = torch.from_numpy(arrays[f"{name}.domain"])
+    y = arrays.get(f"{name}.y")
+    return Split(name=name, x=torch.from_numpy(arrays[f"{name}.x"]), y=None if y is None else torch.from_numpy(y),
+                 domain=domain, group=domain.clone())
+
+
 @dataclass
 class ShiftDataset:
     """A dataset with WILDS-shaped labeled and unlabeled splits plus everything needed to train on it."""

@@ -58,7 +58,7 @@ from torch import Tensor
 
 from raybench.data import DATASETS
 from raybench.data.augment import ImageViews
-from raybench.data.base import LABELED_SPLITS, ShiftDataset, Split, Task, TaskKind, TrainDefaults
+from raybench.data.base import LABELED_SPLITS, ShiftDataset, Task, TaskKind, TrainDefaults, domain_split
 from raybench.data.cache import load_npz_or_rebuild
 from raybench.data.cache import save_npz_atomically as save_atomically  # noqa: F401 (spuco imports it from here)
 from raybench.metrics import accuracy, macro_f1
@@ -349,18 +349,6 @@ def load_or_generate(path: Path, seed: int) -> dict[str, np.ndarray]:
     return load_npz_or_rebuild(path, shapes, lambda: generate(seed), dtypes=dtypes)
 
 
-def to_split(name: str, arrays: dict[str, np.ndarray]) -> Split:
-    domain = torch.from_numpy(arrays[f"{name}.domain"])
-    y = arrays.get(f"{name}.y")
-    return Split(
-        name=name,
-        x=torch.from_numpy(arrays[f"{name}.x"]),
-        y=None if y is None else torch.from_numpy(y),
-        domain=domain,
-        group=domain.clone(),
-    )
-
-
 def accuracy_metric(outputs: Tensor, y: Tensor, group: Tensor) -> float:
     return accuracy(outputs, y)
 
@@ -386,7 +374,7 @@ SWAV_PRETRAINING = {"prototypes": 30, "high_crops": 2, "high_size": 16, "high_sc
 def build_digits_shift(data_dir: Path, seed: int) -> ShiftDataset:
     path = Path(data_dir) / "digits-shift" / f"{cache_key(seed)}.npz"
     arrays = load_or_generate(path, seed)
-    splits = {name: to_split(name, arrays) for name in SPLIT_PLAN}
+    splits = {name: domain_split(name, arrays) for name in SPLIT_PLAN}
     return ShiftDataset(
         name="digits-shift",
         task=Task(TaskKind.CLASSIFICATION, N_CLASSES),

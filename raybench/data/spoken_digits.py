@@ -67,7 +67,7 @@ from torch import Tensor
 
 from raybench.data import DATASETS
 from raybench.data.base import (
-    LABELED_SPLITS, MissingSourceError, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views,
+    LABELED_SPLITS, MissingSourceError, ShiftDataset, Task, TaskKind, TrainDefaults, Views, domain_split,
 )
 from raybench.data.cache import load_npz_or_rebuild
 from raybench.metrics import accuracy, macro_f1
@@ -444,18 +444,6 @@ class SignalViews:
 # ---------------------------------------------------------------- the dataset
 
 
-def to_split(name: str, arrays: Mapping[str, np.ndarray]) -> Split:
-    domain = torch.from_numpy(arrays[f"{name}.domain"])
-    y = arrays.get(f"{name}.y")
-    return Split(
-        name=name,
-        x=torch.from_numpy(arrays[f"{name}.x"]),
-        y=None if y is None else torch.from_numpy(y),
-        domain=domain,
-        group=domain.clone(),
-    )
-
-
 def accuracy_metric(outputs: Tensor, y: Tensor, group: Tensor) -> float:
     return accuracy(outputs, y)
 
@@ -468,7 +456,7 @@ def load_spoken_digits(data_dir: Path, seed: int, plan: Plan = SPLIT_PLAN,
                        binary: Optional[str] = None) -> ShiftDataset:
     """The dataset from its cache under `data_dir`, synthesised with espeak-ng if needed (`plan`: smaller builds)."""
     arrays = load_or_generate(cache_path(data_dir, seed, plan), seed, plan, binary)
-    splits = {name: to_split(name, arrays) for name in plan}
+    splits = {name: domain_split(name, arrays) for name in plan}
     return ShiftDataset(
         name="spoken-digits",
         task=Task(TaskKind.CLASSIFICATION, N_CLASSES),
