@@ -23,7 +23,7 @@ Per modality and seed s (0..N-1):
 - the NeWT probe (`newt_probe`, linear SVM with C cross-validated on train) on the same three featurizers:
   `features_from` = the e-Mix and ShED stages' cached `model.pt` (the pretrain stage report's `weights` fact)
   and `random` (seed s).
-Pre-training uses the algorithms' defaults, one pre-training shared by all seeds (`pretrain_seed=0`), unless
+Pre-training uses the algorithms' defaults (`--pretrain-epochs` changes the passes), one pre-training shared by all seeds (`pretrain_seed=0`), unless
 `--pretrain-per-seed` (one per seed, `pretrain_seed=None`). For each pre-training the final pretext loss
 (the last epoch's mean) is printed beside its chance level: e-Mix against ln B (B = 64), ShED against the
 binary entropy of the moved fraction (about 0.42 nats, the loss of "never moved").
@@ -126,6 +126,8 @@ def modality_part(modality: str, args) -> dict:
     head = {**base, "optimizer": "adam", "lr": 1e-4, "weight_decay": 0.0, "epochs": args.epochs,
             "patience": args.patience}
     pretrain = {"pretrain_seed": None} if args.pretrain_per_seed else {}
+    if args.pretrain_epochs is not None:
+        pretrain["pretrain_epochs"] = args.pretrain_epochs
     settings = {**head, "seeds": args.seeds, "pretrain_per_seed": args.pretrain_per_seed,
                 "resolved_head": {k: v for k, v in TrainConfig.from_flat({**head, "algorithm": "linear_eval"})
                                   .resolve(dataset).to_flat().items() if k != "hparams"}}
@@ -206,6 +208,8 @@ def main() -> None:
                         help="early stopping on OOD val (default: none, every epoch runs; the best is selected)")
     parser.add_argument("--pretrain-per-seed", action="store_true",
                         help="one pre-training per seed (pretrain_seed=None) instead of one shared (the default 0)")
+    parser.add_argument("--pretrain-epochs", type=int, default=None,
+                        help="passes over the unlabeled split in pre-training (default: the algorithms' 20)")
     args = parser.parse_args()
     if args.patience is None:
         args.patience = args.epochs

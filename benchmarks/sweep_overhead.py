@@ -4,19 +4,33 @@ For each executor (Ray Train TorchTrainer per trial, and the opt-in plain Tune f
 one search of `--trials` trials (no replicates) on `digits-shift`, then runs the very same trainer
 configs one after another in this process. It prints
 
-- the useful-work fraction: sum of the trials' time inside the raybench trainer, divided by
-  (sweep wall time x concurrent slots). Goal: >= 0.90;
+- the useful-work fraction: sum of the trials' training time (time inside the raybench trainer, less
+  the time its reports waited for Ray to take them), divided by (sweep wall time x concurrent slots).
+  Goal: >= 0.92 for the function executor, >= 0.80 for the Train executor;
 - the overhead per trial: (wall time x slots - time inside the trainer) / trials, i.e. start-up, idle
   slots and Tune/MLflow bookkeeping;
-- the ratio of the two wall times (bare sequential / sweep).
+- the ratio of the two wall times (bare sequential / sweep);
+- per trial, from the timing every run reports: start-up (driver start to the trainer's start) and
+  teardown (last report to the driver's return), mean and range.
+
+`--ablate` measures the Train executor's start-up savings (raybench.sweep.ray_backend.TrainPath) each on its
+own: one short sweep (`--ablate-trials` trials of `--ablate-epochs` epochs, one at a time so the other slot
+does not compete) with Ray's defaults, then one per saving switched on alone, then all of them; and, in
+fresh interpreters, what importing the sweep backend costs with and without torchvision and scikit-learn
+(which raybench now imports only where they are used).
 
     .venv/bin/python benchmarks/sweep_overhead.py [--space erm] [--trials 10] [--executors train,function]
+    .venv/bin/python benchmarks/sweep_overhead.py --ablate [--ablate-trials 4] [--ablate-epochs 3]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,11 +38,13 @@ from pathlib import Path
 import torch
 
 
-def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root: Path) -> tuple[dict, float]:
+def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root: Path,
+                   fixed: dict | None = None) -> tuple[dict, float]:
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
 
     options = SweepOptions(space=space, trials=trials, replicates=0, max_concurrent=concurrent, executor=executor,
-                           storage=str(root / "runs"), tracking_uri=f"sqlite:///{root}/mlflow.db", name=f"bench-{executor}")
+                           storage=str(root / "runs"), tracking_uri=f"sqlite:///{root}/mlflow.db", name=f"bench-{executor}",
+                           extra_fixed=dict(fixed or {}))
     start = time.perf_counter()
     summary = run_sweep(prepare(options))
     return summary, time.perf_counter() - start
@@ -48,14 +64,87 @@ def run_bare(summary: dict, space_name: str) -> float:
     return time.perf_counter() - start
 
 
+def span(values: list[float]) -> str:
+    return f"{statistics.mean(values):.1f} s ({min(values):.1f}-{max(values):.1f})"
+
+
+def training_seconds(metrics: dict) -> float:
+    """Time inside the trainer less the time its reports waited to be taken by Ray."""
+    return metrics.get("time/trial_s", 0.0) - metrics.get("time/report_wait_s", 0.0)
+
+
+def per_trial_timing(summary: dict) -> tuple[list[float], list[float], list[float]]:
+    """Each trial's start-up, report waits and teardown seconds, as its driver and worker reported them."""
+    metrics = [t["metrics"] for t in summary["trials"] if "time/startup_s" in t["metrics"]]
+    return ([m["time/startup_s"] for m in metrics], [m["time/report_wait_s"] for m in metrics],
+            [m["time/teardown_s"] for m in metrics])
+
+
+def import_seconds(statement: str, repeats: int = 3) -> float:
+    """Median wall seconds of a fresh interpreter running `statement` (what every new Ray process pays)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", statement], check=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def ablate(args: argparse.Namespace) -> None:
+    from raybench.sweep import ray_backend
+
+    rays_defaults = ray_backend.TrainPath(reuse_driver=False, health_check_interval_s=2.0,
+                                          process_group_for_one_worker=True, train_extras=True)
+    ours = ray_backend.TrainPath()
+    variants = [("Ray's defaults", rays_defaults)]
+    for field in dataclasses.fields(ray_backend.TrainPath):
+        variants.append((f"only {field.name}={getattr(ours, field.name)}",
+                         dataclasses.replace(rays_defaults, **{field.name: getattr(ours, field.name)})))
+    variants.append(("all (raybench's default)", ours))
+    fixed = {"epochs": args.ablate_epochs, "patience": None}
+    rows = []
+    for label, path in variants:
+        ray_backend.DEFAULT_TRAIN_PATH = path
+        with tempfile.TemporaryDirectory() as tmp:
+            summary, wall = run_sweep_once(args.space, args.ablate_trials, "train", 1, Path(tmp), fixed)
+        startup, waits, teardown = per_trial_timing(summary)
+        training = sum(training_seconds(t["metrics"]) for t in summary["trials"])
+        per_trial = (wall - training) / len(summary["trials"])  # one slot: all the rest is overhead
+        rows.append((label, startup, waits, teardown, per_trial, wall))
+        print(f"[ablate] {label}: start-up {span(startup)}, report waits {span(waits)}, teardown {span(teardown)}, "
+              f"sweep wall {wall:.1f} s, training {training:.1f} s, overhead per trial {per_trial:.2f} s", flush=True)
+    base = rows[0][4]
+    print("\nOverhead per trial = (sweep wall - training) / trials: start-up, report waits and teardown, plus what the "
+          "per-run timing cannot see (starting each driver process, Tune's and MLflow's bookkeeping, Ray's start).")
+    print("\n| change | start-up (driver to trainer) | report waits | teardown | overhead per trial | saving |")
+    print("|---|---|---|---|---|---|")
+    for label, startup, waits, teardown, per_trial, _ in rows:
+        print(f"| {label} | {span(startup)} | {span(waits)} | {span(teardown)} | {per_trial:.2f} s | "
+              f"{base - per_trial:.2f} s |")
+    lean = import_seconds("import raybench.sweep.ray_backend")
+    eager = import_seconds("import torchvision.transforms.v2, torchvision.models, sklearn.linear_model, sklearn.svm, "
+                           "sklearn.model_selection, sklearn.cluster; import raybench.sweep.ray_backend")
+    print(f"\nimporting the sweep backend in a fresh interpreter (median of 3): {lean:.2f} s; with torchvision and "
+          f"scikit-learn imported as before: {eager:.2f} s; saved per new process: {eager - lean:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--space", default="erm")
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--concurrent", type=int, default=2)
     parser.add_argument("--executors", default="train,function")
+    parser.add_argument("--ablate", action="store_true", help="measure each Train start-up saving on its own")
+    parser.add_argument("--ablate-trials", type=int, default=4)
+    parser.add_argument("--ablate-epochs", type=int, default=3)
     args = parser.parse_args()
     from raybench.sweep import ray_backend
+
+    if args.ablate:
+        print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+              f"ray {ray_backend.ray.__version__}", flush=True)
+        ablate(args)
+        return
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, ray {ray_backend.ray.__version__}")
     bare_wall = None
@@ -63,16 +152,19 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             summary, wall = run_sweep_once(args.space, args.trials, executor, args.concurrent, Path(tmp))
             ray_backend.shutdown()
-        work = [t["metrics"].get("time/trial_s", 0.0) for t in summary["trials"]]
+        work = [training_seconds(t["metrics"]) for t in summary["trials"]]
         useful = sum(work) / (wall * args.concurrent)
         print(f"[{executor}] {len(work)} trials, sweep wall {wall:.0f} s, time in trainer {sum(work):.0f} s, "
-              f"useful-work fraction {useful:.3f}, overhead {(wall * args.concurrent - sum(work)) / len(work):.1f} s per trial",
+              f"useful-work fraction {useful:.4f}, overhead {(wall * args.concurrent - sum(work)) / len(work):.1f} s per trial",
               flush=True)
         if bare_wall is None:
             bare_wall = run_bare(summary, args.space)
             print(f"[bare] the same {len(work)} configs sequentially in one process: {bare_wall:.0f} s", flush=True)
         print(f"[{executor}] wall-time ratio bare / sweep = {bare_wall / wall:.2f} "
               f"(sweep uses {args.concurrent} slots, bare one process)", flush=True)
+        startup, waits, teardown = per_trial_timing(summary)
+        print(f"[{executor}] per trial: start-up {span(startup)}, report waits {span(waits)}, teardown {span(teardown)}",
+              flush=True)
 
 
 if __name__ == "__main__":

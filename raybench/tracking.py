@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import os
 import socket
@@ -27,6 +28,10 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # `raybe
 
 from mlflow.entities import Metric, Param  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
+
+# A new SQLite store logs its schema creation and migrations at INFO on every first use: not the user's news.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 import raybench  # noqa: E402
 from raybench.paths import writable_dir_problem  # noqa: E402

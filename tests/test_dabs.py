@@ -256,3 +256,26 @@ def test_emix_end_to_end_pretrains_then_fine_tunes(tiny_dataset, tmp_path):
     for name, value in result.final_state.items():  # fine-tuning kept the pre-trained featurizer as it was
         if name.startswith("featurizer."):
             assert torch.equal(value, pretrained.state_dict()[name]), name
+
+
+def test_linear_transfer_encodes_each_input_once_with_the_transferred_featurizer(tiny_dataset, tmp_path):
+    """Features remembered before the pre-trained featurizer arrives are dropped, so the head reads the new
+    featurizer's features; after that an input is encoded once however often it is predicted or trained on."""
+    config = emix_config(tmp_path)
+    algorithm = build_algorithm("emix", small_model(tiny_dataset), config.resolve(tiny_dataset).hparams,
+                                context_for(tiny_dataset))
+    x = tiny_dataset.split("val").x
+    algorithm.eval()
+    algorithm.predict(x)  # the random initialisation's features, remembered
+    algorithm.begin_round(Trainer(config, dataset=tiny_dataset)._round_context(0))
+    encoded: list[int] = []
+    hook = algorithm.model.featurizer.register_forward_hook(lambda module, args, out: encoded.append(len(out)))
+    logits = algorithm.predict(x)
+    assert torch.equal(algorithm.predict(x), logits) and encoded == [len(x)]
+    algorithm.train()
+    algorithm(tiny_dataset.split("val").take(torch.arange(8)), None, 0)  # rows predicted before: not re-encoded
+    hook.remove()
+    assert encoded == [len(x)]
+    with torch.no_grad():
+        expected = algorithm.model(tiny_dataset.views.plain(x))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)

@@ -14,7 +14,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 from sklearn.svm import LinearSVC
 
 from raybench.algorithms import AlgorithmContext, build_algorithm
-from raybench.algorithms.frozen import featurizer_source
+from raybench.algorithms.frozen import FeatureMemo, featurizer_source
 from raybench.algorithms.linear_eval import LinearEval
 from raybench.algorithms.newt_probe import NEWT_C_GRID, NeWTProbe, ProbeHead, fit_newt_probe, probe_weights
 from raybench.algorithms.groups import parse_grid
@@ -274,3 +274,59 @@ def test_a_missing_features_from_stops_the_trainer_with_one_line(tiny_dataset, t
 
 def test_both_are_registered():
     assert NeWTProbe.name == "newt_probe" and LinearEval.name == "linear_eval"
+
+
+# ----- each input is encoded once per run ------------------------------------------------------------------
+def test_the_feature_memo_encodes_only_unseen_rows_and_keeps_within_its_budget():
+    torch.manual_seed(0)
+    weight = torch.randn(6, 3)
+    calls: list[int] = []
+
+    def encode(x):
+        calls.append(len(x))
+        return (x if isinstance(x, torch.Tensor) else torch.tensor([[float(len(s))] * 6 for s in x])) @ weight
+
+    memo = FeatureMemo()
+    x = torch.randn(5, 6)
+    torch.testing.assert_close(memo(x, encode), x @ weight)
+    mixed = torch.cat([x[3:], torch.randn(2, 6), x[:1]])  # two seen, two new, one seen again
+    torch.testing.assert_close(memo(mixed, encode), mixed @ weight)
+    assert calls == [5, 2] and memo.encoded_rows == 7
+    texts = ["a cat", "dog", "a cat"]  # a repeated input in one batch is encoded once
+    assert memo(texts, encode).shape == (3, 3) and calls[-1] == 2
+    memo(texts, encode)
+    assert calls[-1] == 2 and len(calls) == 3
+    small = FeatureMemo(max_bytes=2 * 3 * 4)  # room for two float32 rows
+    small(x, encode), small(x, encode)
+    assert calls[-2:] == [5, 3] and small.kept_bytes == 24  # past the budget rows are encoded, not kept
+    memo.clear()
+    memo(x, encode)
+    assert calls[-1] == 5
+
+
+def test_linear_evaluation_encodes_each_input_once_per_run_and_scores_the_model_it_saves(tiny_dataset, monkeypatch):
+    """A 3-epoch linear evaluation runs its frozen featurizer over exactly the rows a 1-epoch one does (the
+    train split and the evaluation splits, once), and the saved model predicts what the run scored."""
+    featurizer_type = type(lenet(tiny_dataset).featurizer)
+    encoded: list[int] = []
+    original = featurizer_type.forward
+
+    def counted(self, x):
+        encoded.append(len(x))
+        return original(self, x)
+
+    monkeypatch.setattr(featurizer_type, "forward", counted)
+    rows = {}
+    for epochs in (1, 3):
+        encoded.clear()
+        config = TrainConfig.from_flat({"dataset": "tiny", "algorithm": "linear_eval", "epochs": epochs,
+                                        "patience": epochs, "device": "cpu", "optimizer": "adam", "lr": 1e-2})
+        result = Trainer(config, dataset=tiny_dataset).fit()
+        rows[epochs] = sum(encoded)
+    monkeypatch.setattr(featurizer_type, "forward", original)
+    assert len(result.history) == 3 and rows[3] == rows[1] > len(tiny_dataset.split("train"))
+    test = tiny_dataset.split("test")
+    result.best_model.eval()
+    with torch.no_grad():
+        predicted = result.best_model(tiny_dataset.views.plain(test.x)).argmax(1)
+    assert (predicted == test.y).double().mean().item() == pytest.approx(result.best_metrics["test/acc"])

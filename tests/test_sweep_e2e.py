@@ -6,6 +6,7 @@ runs it; the test then reads what it left in MLflow through MlflowClient.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -120,6 +121,47 @@ def test_results_command_reads_the_sweep_back(smoke_sweep):
     assert csv.stdout.splitlines()[0].startswith("trial_id,status,selection_value") and len(csv.stdout.splitlines()) == 3
     missing = run_cli(["results", "nope", "--tracking-uri", uri], env, workdir)
     assert missing.returncode == 2 and "no sweep named 'nope'" in missing.stderr
+
+
+def test_every_run_reports_its_timing_and_its_parts_add_up(smoke_sweep):
+    summary = smoke_sweep["summary"]
+    for run in summary["trials"] + summary["replicates"]["runs"]:
+        m = run["metrics"]
+        assert m["time/startup_s"] > 0 and m["time/trial_s"] > 0 and m["time/teardown_s"] >= 0
+        assert m["time/cpu_s"] > 0 and m["time/gpu_s"] == 0  # CPU workers hold no GPU
+        parts = m["time/startup_s"] + m["time/trial_s"] + m["time/teardown_s"]
+        assert parts == pytest.approx(m["time/wall_s"], abs=0.5)
+
+
+def test_compute_totals_are_the_sums_over_runs_in_the_summary_mlflow_and_results(smoke_sweep):
+    summary, client = smoke_sweep["summary"], MlflowClient(tracking_uri=smoke_sweep["uri"])
+    stages = {"search": summary["trials"], "replicates": summary["replicates"]["runs"]}
+    experiment = client.get_experiment_by_name("raybench")
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.stage = 'sweep'")
+    for stage, runs in stages.items():
+        totals = summary["compute"][stage]
+        assert totals["runs"] == len(runs) == 2
+        for name in ("wall_s", "cpu_s", "gpu_s"):
+            assert totals[name] == pytest.approx(sum(r["metrics"][f"time/{name}"] for r in runs))
+            assert parent.data.metrics[f"compute/{stage}/{name}"] == pytest.approx(totals[name])
+    children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert all(run.data.metrics["time/wall_s"] > run.data.metrics["time/trial_s"] for run in children)
+    shown = run_cli(["results", "smoke", "--tracking-uri", smoke_sweep["uri"]], smoke_sweep["env"], smoke_sweep["dir"])
+    assert "Compute: search 2 runs" in shown.stdout and "replicates 2 runs" in shown.stdout
+
+
+def test_the_console_shows_one_progress_line_per_run_and_none_of_tunes_boxes(smoke_sweep):
+    summary, stdout = smoke_sweep["summary"], smoke_sweep["stdout"]
+    progress = re.compile(r"^(search|replicates): (\d+/\d+ done,|\d+ seeds of trial )")
+    lines = [line for line in stdout.splitlines() if progress.match(line)]
+    heads = [line.split(",")[0] for line in lines]
+    selected = summary["selected"]
+    assert heads == ["search: 1/2 done", "search: 2/2 done",
+                     f"replicates: 2 seeds of trial {selected['trial_id']} (best of the search",
+                     "replicates: 1/2 done", "replicates: 2/2 done"]
+    assert f"best val/acc {selected['selection_value']:.4f}" in lines[1] and lines[1].endswith("ETA 0s")
+    assert "Configuration for experiment" not in stdout and "TensorBoard" not in stdout
+    assert "wall time" in stdout and "Compute: search 2 runs" in stdout
 
 
 def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(tmp_path, sweep_env, shared_data_dir):

@@ -272,9 +272,14 @@ class Algorithm(nn.Module, ABC):
         so whatever it depends on must be in the state dict (buffers or extra state)."""
         return None
 
+    def scoring_model(self) -> nn.Module:
+        """What the trainer scores evaluation splits with (plain view in, outputs out): the model itself, unless
+        the algorithm computes its outputs more cheaply (a frozen featurizer's remembered features)."""
+        return self.model
+
     @torch.no_grad()
     def predict(self, x: Tensor) -> Tensor:
-        return self.model(self.context.views.plain(x))
+        return self.scoring_model()(self.context.views.plain(x))
 
     def view(self, x: Tensor, strong: bool) -> Tensor:
         views = self.context.views

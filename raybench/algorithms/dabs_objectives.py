@@ -15,9 +15,11 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, RoundContext, StepOutput
+from raybench.algorithms.frozen import FeatureMemo, RememberedFeatures
 from raybench.algorithms.pretext import (
     PretrainHparams, PretrainThenTransfer, is_pretext_phase, pretrain_stage, transfer_featurizer,
 )
@@ -72,6 +74,7 @@ class DabsPretext(PretrainThenTransfer, Algorithm):
         self.linear_transfer = not is_pretext_phase(hparams)
         if self.linear_transfer:  # before the trainer builds the optimiser, so it receives the head alone
             self.model.featurizer.requires_grad_(False)
+        self.feature_memo = FeatureMemo()
 
     @classmethod
     def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> Optional[str]:
@@ -92,8 +95,16 @@ class DabsPretext(PretrainThenTransfer, Algorithm):
             assert unlabeled is not None, f"the {self.name} pretext phase trains on unlabeled batches"
             return self.pretext_objective(self.context.views.plain(unlabeled.x))
         assert labeled is not None
-        loss = self.supervised_loss(self.model(self.context.views.plain(labeled.x)), labeled.y)
+        loss = self.supervised_loss(self.model.head(self.frozen_features(labeled.x)), labeled.y)
         return StepOutput(loss, {"loss/supervised": loss.detach()})
+
+    @torch.no_grad()
+    def frozen_features(self, x: Any) -> Tensor:
+        """The transferred featurizer's features of the plain view, each input encoded once (FeatureMemo)."""
+        return self.feature_memo(self.context.views.plain(x), self.model.featurizer)
+
+    def scoring_model(self) -> nn.Module:
+        return RememberedFeatures(self.model, self.feature_memo) if self.linear_transfer else self.model
 
     @abstractmethod
     def pretext_objective(self, x: Any) -> StepOutput:
@@ -113,6 +124,7 @@ class DabsPretext(PretrainThenTransfer, Algorithm):
             "pretrain_weight_decay": h.pretrain_weight_decay, **self.objective_settings(),
         })
         transfer_featurizer(stage.model, self.model)
+        self.feature_memo.clear()
         return {"pretrained_featurizer": stage.key, "pretrain_cached": str(stage.cached)}
 
 

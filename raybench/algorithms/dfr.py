@@ -6,9 +6,6 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
-from sklearn.linear_model import LogisticRegression
-from sklearn.multiclass import OneVsRestClassifier
-from sklearn.preprocessing import StandardScaler
 from torch import nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, RoundContext, ScoredRows, StepOutput
@@ -52,6 +49,10 @@ def fit_l1_logistic(z: np.ndarray, y: np.ndarray, c: float, n_classes: int, seed
     """scikit-learn's l1 logistic regression (liblinear, one-vs-rest as in DFR's code) on standardised
     embeddings, folded back into one linear layer (W / sigma, b - W mu / sigma), so the model's head
     computes exactly the fitted decision function."""
+    from sklearn.linear_model import LogisticRegression  # here: scikit-learn costs seconds in every Ray worker
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.preprocessing import StandardScaler
+
     scaler = StandardScaler().fit(z)
     model = OneVsRestClassifier(LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", random_state=seed))
     model.fit(scaler.transform(z), y)

@@ -13,18 +13,20 @@ Where the featurizer comes from is the hyperparameter `features_from`:
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext
 from raybench.models.base import FeaturizerHead, read_state_dict
 
 RANDOM = "random"
 FEATURIZER_PREFIX = "featurizer."
+FEATURE_MEMO_BYTES = 1 << 30  # features kept per run; past this, new inputs are encoded but not kept
 
 
 @dataclass
@@ -84,6 +86,92 @@ def featurizer_source(model: FeaturizerHead, features_from: str, seed: int) -> s
         raise ConfigError("features_from", str(err)) from None
 
 
+def content_keys(x: Any) -> Optional[list[Hashable]]:
+    """One key per input row that only its content determines: a tensor row's bytes hashed by BLAKE2b (128
+    bits), a text itself. None for inputs of other kinds (graphs, lists of images), which are not memoised."""
+    if isinstance(x, Tensor):
+        rows = x.detach().cpu().contiguous()
+        if rows.dim() == 0 or rows.dtype in (torch.bfloat16,):
+            return None
+        return [hashlib.blake2b(row.numpy().tobytes(), digest_size=16).digest() for row in rows]
+    if isinstance(x, Sequence) and not isinstance(x, str) and all(isinstance(item, str) for item in x):
+        return list(x)
+    return None
+
+
+def take_rows(x: Any, rows: list[int]) -> Any:
+    return x[torch.tensor(rows, dtype=torch.long, device=x.device)] if isinstance(x, Tensor) else [x[i] for i in rows]
+
+
+class FeatureMemo:
+    """The features of every input a frozen featurizer has encoded in this run, by the input's content.
+
+    Linear evaluation trains only a head, for many epochs (DABS: 100), and re-encoding the train split and the
+    evaluation splits every epoch would be nearly all of its cost. Remembering the features is exact, not an
+    approximation: the featurizer takes no gradient and stays in eval mode, and the plain view has no
+    randomness, so an input's features cannot change until the featurizer is replaced, which `clear`s the memo.
+    Keys are content (see `content_keys`), not split indices, because evaluation passes inputs without them.
+    """
+
+    def __init__(self, max_bytes: int = FEATURE_MEMO_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.kept_bytes = 0
+        self.features: dict[Hashable, Tensor] = {}
+        self.encoded_rows = 0  # rows the featurizer actually ran on, over the run
+
+    def clear(self) -> None:
+        self.features.clear()
+        self.kept_bytes = 0
+
+    def __call__(self, x: Any, encode: Callable[[Any], Tensor]) -> Tensor:
+        """encode(x), reading the rows seen before from the memo and encoding only the others."""
+        keys = content_keys(x)
+        if keys is None:
+            return self.encoded(x, encode)
+        first_rows: dict[Hashable, int] = {}  # an unseen key's first row: a repeated input is encoded once
+        for i, key in enumerate(keys):
+            if key not in self.features:
+                first_rows.setdefault(key, i)
+        fresh: dict[Hashable, Tensor] = {}
+        if first_rows:
+            missing = list(first_rows.values())
+            z = self.encoded(take_rows(x, missing) if len(missing) < len(keys) else x, encode)
+            fresh = dict(zip(first_rows, z))
+            self.keep(fresh)
+        return torch.stack([fresh[key] if key in fresh else self.features[key] for key in keys])
+
+    def encoded(self, x: Any, encode: Callable[[Any], Tensor]) -> Tensor:
+        z = encode(x)
+        self.encoded_rows += int(z.shape[0])
+        return z
+
+    def keep(self, fresh: Mapping[Hashable, Tensor]) -> None:
+        for key, row in fresh.items():
+            size = row.numel() * row.element_size()
+            if self.kept_bytes + size > self.max_bytes:
+                return
+            self.features[key] = row
+            self.kept_bytes += size
+
+
+class RememberedFeatures(nn.Module):
+    """`model`'s outputs, its frozen featurizer's features read through `memo`: what the trainer scores a
+    frozen-featurizer algorithm with. Not a parent of `model` (the algorithm owns it and keeps its featurizer in
+    eval mode), so the trainer's eval()/train() around scoring do not reach the featurizer."""
+
+    def __init__(self, model: FeaturizerHead, memo: FeatureMemo) -> None:
+        super().__init__()
+        self.parts = (model, memo)  # a tuple, so nn.Module does not adopt the model as a submodule
+
+    def train(self, mode: bool = True) -> "RememberedFeatures":
+        self.training = mode
+        return self
+
+    def forward(self, x: Any) -> Tensor:
+        model, memo = self.parts
+        return model.head(memo(x, model.featurizer))
+
+
 class FrozenFeaturizer(Algorithm):
     """Base of the transfer evaluations: a frozen featurizer (see the module docstring) and a head on top."""
 
@@ -93,6 +181,7 @@ class FrozenFeaturizer(Algorithm):
         super().__init__(model, hparams, context)
         model.featurizer.requires_grad_(False)
         model.featurizer.eval()
+        self.feature_memo = FeatureMemo()
 
     def train(self, mode: bool = True) -> "FrozenFeaturizer":
         super().train(mode)
@@ -105,9 +194,13 @@ class FrozenFeaturizer(Algorithm):
 
     def take_featurizer(self, context: RoundContext) -> dict[str, str]:
         """Install the featurizer `features_from` names; the fact saying where it came from."""
+        self.feature_memo.clear()
         return {"features_from": featurizer_source(self.model, self.hparams.features_from, context.seed)}
 
     @torch.no_grad()
     def features(self, x: Any) -> Tensor:
         """Frozen features of the plain (unaugmented) view: NeWT and DABS evaluate without augmentation."""
-        return self.model.featurizer(self.view(x, False))
+        return self.feature_memo(self.view(x, False), self.model.featurizer)
+
+    def scoring_model(self) -> nn.Module:
+        return RememberedFeatures(self.model, self.feature_memo)

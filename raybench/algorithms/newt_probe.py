@@ -2,14 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
-from sklearn.model_selection import GridSearchCV, StratifiedKFold
-from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import Normalizer, StandardScaler
-from sklearn.svm import LinearSVC
 from torch import Tensor, nn
 
 from raybench.algorithms.base import AlgorithmContext, RoundContext, StepOutput
@@ -19,6 +15,9 @@ from raybench.algorithms.groups import parse_grid
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
+
+if TYPE_CHECKING:  # scikit-learn is imported when a probe is fitted: it costs seconds in every Ray worker
+    from sklearn.pipeline import Pipeline
 
 NEWT_C_GRID = "1e-4,1e-3,1e-2,0.1,1,10,100,1000"  # NeWT Sec. 5.3
 C_PARAM = "svc__C"
@@ -40,6 +39,10 @@ class NeWTHparams(FrozenHparams):
 def newt_pipeline() -> Pipeline:
     """NeWT's classifier: standardise each feature, L2-normalise each vector, then a linear SVM with squared
     hinge loss solved in the primal by liblinear (tol 1e-5, at most 1,000 iterations), one-vs-rest."""
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import Normalizer, StandardScaler
+    from sklearn.svm import LinearSVC
+
     return Pipeline([
         ("standardise", StandardScaler()),
         ("normalise", Normalizer()),
@@ -60,6 +63,8 @@ class FittedProbe:
 def fit_newt_probe(z: np.ndarray, y: np.ndarray, c_grid: Sequence[float], folds: int, seed: int) -> FittedProbe:
     """GridSearchCV over C with explicit stratified folds (shuffled by `seed`, so a run is reproducible);
     ties go to the first C in grid order, as GridSearchCV breaks them."""
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold
+
     splitter = StratifiedKFold(folds, shuffle=True, random_state=seed)
     search = GridSearchCV(newt_pipeline(), {C_PARAM: list(c_grid)}, cv=splitter, scoring="accuracy")
     search.fit(z, y)

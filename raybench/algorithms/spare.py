@@ -6,7 +6,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from sklearn.cluster import KMeans
 from torch import Tensor
 
 from raybench.algorithms.base import RoundContext, SamplingPlan
@@ -30,6 +29,8 @@ def cluster_within_classes(outputs: Tensor, y: Tensor, n_clusters: int, seed: in
     for c in torch.unique(y).tolist():
         members = torch.nonzero(y == c).flatten()
         k = min(n_clusters, len(members))
+        from sklearn.cluster import KMeans  # here: scikit-learn costs seconds in every Ray worker
+
         labels = KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(probs[members.numpy()])
         clusters[members] = c * n_clusters + torch.from_numpy(labels.astype(np.int64))
     return clusters

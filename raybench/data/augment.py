@@ -7,12 +7,12 @@ RandAugment is torchvision's; it draws one op set per call, so it is applied per
 """
 from __future__ import annotations
 
-from typing import Sequence
+from functools import cached_property
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchvision.transforms import v2
 
 from raybench.data.base import Views
 
@@ -64,7 +64,15 @@ class ImageViews:
                  magnitude: int = 9) -> None:
         self.mean, self.std = tuple(mean), tuple(std)
         self.crop_pad, self.flip, self.cutout_size = crop_pad, flip, cutout_size
-        self.randaugment = v2.RandAugment(num_ops=2, magnitude=magnitude)
+        self.magnitude = magnitude
+
+    @cached_property
+    def randaugment(self) -> Any:
+        """torchvision's RandAugment, built on first use: importing torchvision costs seconds in every Ray
+        worker, and most runs (no strong view) never need it."""
+        from torchvision.transforms import v2
+
+        return v2.RandAugment(num_ops=2, magnitude=self.magnitude)
 
     def plain(self, x: Tensor) -> Tensor:
         return normalize(x, self.mean, self.std)

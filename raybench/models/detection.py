@@ -20,13 +20,14 @@ losses, which raybench does not run on detection.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
-from torchvision.models.detection import FasterRCNN
-from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
-from torchvision.ops.misc import FrozenBatchNorm2d
+
+if TYPE_CHECKING:  # torchvision is imported when a detector is built: it costs seconds in every Ray worker
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.ops.misc import FrozenBatchNorm2d
 
 from raybench.models.base import FeaturizerHead, load_local_weights
 from raybench.models.registry import MODELS, ModelSpec
@@ -36,11 +37,16 @@ PREDICTOR_PREFIX = "roi_heads.box_predictor."
 
 
 def _frozen_norm(num_features: int) -> FrozenBatchNorm2d:
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
     return FrozenBatchNorm2d(num_features, eps=0.0)
 
 
 def faster_rcnn(n_classes: int, min_size: int, max_size: int, trainable_layers: int) -> FasterRCNN:
     """The network torchvision's `fasterrcnn_resnet50_fpn` assembles (same modules, same state-dict keys)."""
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
     backbone = resnet_fpn_backbone(backbone_name="resnet50", weights=None, norm_layer=_frozen_norm,
                                    trainable_layers=trainable_layers)
     return FasterRCNN(backbone, num_classes=n_classes + 1, min_size=min_size, max_size=max_size,

@@ -1,5 +1,7 @@
 """torchvision's ResNet and DenseNet as featurizers, their classifier replaced by our own head.
 
+torchvision is imported when one of them is built, not when the registry loads: it costs seconds in every
+Ray worker, and most runs use another model.
 Weights are never downloaded: pass `weights=PATH` to a state dict saved with `torch.save`
 (e.g. ImageNet weights fetched once on a machine with internet).
 """
@@ -8,7 +10,6 @@ from __future__ import annotations
 from typing import Callable
 
 from torch import nn
-from torchvision import models as tvm
 
 from raybench.models.base import FeaturizerHead, load_local_weights
 from raybench.models.registry import MODELS, ModelSpec
@@ -21,9 +22,15 @@ def _with_input_channels(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
     return nn.Conv2d(channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=conv.bias is not None)
 
 
-def _resnet(factory: Callable[..., tvm.ResNet]) -> Callable[[ModelSpec], FeaturizerHead]:
+def _factory(name: str) -> Callable[..., nn.Module]:
+    from torchvision import models as tvm
+
+    return getattr(tvm, name)
+
+
+def _resnet(name: str) -> Callable[[ModelSpec], FeaturizerHead]:
     def build(spec: ModelSpec) -> FeaturizerHead:
-        net = factory(weights=None)
+        net = _factory(name)(weights=None)
         n_features = net.fc.in_features
         net.fc = nn.Identity()
         net.conv1 = _with_input_channels(net.conv1, spec.input_shape[0])
@@ -33,9 +40,9 @@ def _resnet(factory: Callable[..., tvm.ResNet]) -> Callable[[ModelSpec], Featuri
     return build
 
 
-def _densenet(factory: Callable[..., tvm.DenseNet]) -> Callable[[ModelSpec], FeaturizerHead]:
+def _densenet(name: str) -> Callable[[ModelSpec], FeaturizerHead]:
     def build(spec: ModelSpec) -> FeaturizerHead:
-        net = factory(weights=None)
+        net = _factory(name)(weights=None)
         n_features = net.classifier.in_features
         net.classifier = nn.Identity()
         net.features.conv0 = _with_input_channels(net.features.conv0, spec.input_shape[0])
@@ -45,6 +52,6 @@ def _densenet(factory: Callable[..., tvm.DenseNet]) -> Callable[[ModelSpec], Fea
     return build
 
 
-MODELS.register("resnet18")(_resnet(tvm.resnet18))
-MODELS.register("resnet50")(_resnet(tvm.resnet50))
-MODELS.register("densenet121")(_densenet(tvm.densenet121))
+MODELS.register("resnet18")(_resnet("resnet18"))
+MODELS.register("resnet50")(_resnet("resnet50"))
+MODELS.register("densenet121")(_densenet("densenet121"))

@@ -8,11 +8,19 @@ Two executors run the very same raybench `Trainer`:
 - `function`: a plain Tune function trainable for single-worker trials. It skips Train's per-trial
   start-up (worker group, process group) and reuses actors; it is an explicit opt-in, measured beside
   the Train path in benchmarks/sweep_overhead.py.
+
+How a Train-executor trial starts and ends is `TrainPath`: each of its settings is a measured saving of
+per-trial start-up or teardown (benchmarks/README.md, "Sweep overhead").
+
+Every trial reports what it used: its wall seconds split into start-up (driver start to the raybench
+trainer's start), time in the trainer and teardown (last report to the driver's return), its workers'
+CPU-seconds and the GPU-seconds it held. The driver's last report carries them (`TIMING_REPORT`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -27,16 +35,21 @@ from typing import Any, Callable, Optional
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The console is raybench's (one line per finished trial): Tune's experiment boxes, result paths and
+# TensorBoard hints stay out of it (verbose=0 alone still prints them with the new output engine).
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 import optuna  # noqa: E402
 import ray  # noqa: E402
 import ray.train  # noqa: E402
 import ray.train.torch  # noqa: E402
 from ray import tune  # noqa: E402
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
 from ray.tune.integration.ray_train import TuneReportCallback  # noqa: E402
 from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 from raybench.sweep.errors import ClusterError  # noqa: E402
+from raybench.sweep.progress import StageProgress  # noqa: E402
 from raybench.sweep.space import Param, ResolvedSpace, run_key  # noqa: E402
 from raybench.trainer import Callback, DivergenceError, EpochReport, StageReport, TrainConfig, Trainer  # noqa: E402
 
@@ -45,6 +58,36 @@ FAILURE_KEY = "failure_reason"
 STAGES_KEY = "stages"  # JSON list of the multi-stage method's earlier stages, carried by every report
 SEARCH_METRIC = "selection/best"
 EXECUTORS = ("train", "function")
+TIMING_REPORT = "trial_timing"  # marks the driver's final report: the run's timing and compute, no new epoch
+CPU_KEY = "time/cpu_s"
+
+
+@dataclass(frozen=True)
+class TrainPath:
+    """How each Train-executor trial starts and ends. The defaults are the measured savings; each can be
+    switched back so benchmarks/sweep_overhead.py --ablate measures it on its own.
+
+    - reuse_driver: Tune keeps each trial's driver process (and its imports of torch, Ray Train and
+      raybench) for the next trial instead of starting a new one.
+    - health_check_interval_s: Train's controller polls its workers this often (Ray's default 2 s), and a
+      worker's report after the first waits for the next poll, so every epoch of a short trial paid it.
+    - process_group_for_one_worker: a TorchTrainer always builds a gloo/NCCL process group, even for one
+      worker that talks to no one; without it a one-worker trial is a DataParallelTrainer (the same Train
+      run, controller, worker, checkpoints and retries, minus the torch backend's set-up).
+    - train_extras: Ray Train's own metrics and its chdir into the trial folder, which raybench never reads.
+    """
+
+    reuse_driver: bool = True
+    health_check_interval_s: float = 0.1
+    process_group_for_one_worker: bool = False
+    train_extras: bool = False
+
+    def env(self) -> dict[str, str]:
+        """Settings Ray Train reads from the driver's environment when a run starts (and passes on)."""
+        env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": f"{self.health_check_interval_s:g}"}
+        flag = "1" if self.train_extras else "0"
+        env.update({"RAY_TRAIN_METRICS_ENABLED": flag, "RAY_CHDIR_TO_TRIAL_DIR": flag})
+        return env
 
 
 class TrialFailed(RuntimeError):
@@ -70,6 +113,10 @@ class RunSpec:
     resources: Resources
     max_concurrent: int
     callbacks: tuple[Any, ...] = ()
+    train_path: TrainPath = dataclasses.field(default_factory=lambda: DEFAULT_TRAIN_PATH)
+
+
+DEFAULT_TRAIN_PATH = TrainPath()
 
 
 # ----- connecting -----------------------------------------------------------------------------------
@@ -90,6 +137,8 @@ def connect(address: Optional[str], driver_slots: int) -> bool:
                 f"with --resources='{{\"{DRIVER_RESOURCE}\": 8}}' (cluster/local-up.sh does) or use --executor function"
             )
         return True
+    # Ray >= 2.59 turns token auth on for a local cluster and warns that it did, once per sweep: not news.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1)}, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     return True
@@ -139,16 +188,70 @@ def shutdown() -> None:
 
 
 # ----- reporting from inside a trial ---------------------------------------------------------------------
-def _flat_report(report: EpochReport, facts: dict[str, str], started: float,
+@dataclass
+class TrialClock:
+    """When the raybench trainer started in this process, by the wall clock (which the driver shares on one
+    node) and by this process's CPU time (all its threads), and how long its reports waited to be taken.
+
+    `time/trial_s` is the time inside the trainer, reports included; `time/report_wait_s` the part of it
+    spent handing earlier epochs' reports to Ray (the last report's wait falls after `time/reported_at`,
+    in the teardown). What is left is the training itself."""
+
+    wall: float = dataclasses.field(default_factory=time.time)
+    cpu: float = dataclasses.field(default_factory=time.process_time)
+    perf: float = dataclasses.field(default_factory=time.perf_counter)
+    waited: float = 0.0
+
+    def fields(self) -> dict[str, float]:
+        return {"time/trial_s": time.perf_counter() - self.perf, "time/report_wait_s": self.waited,
+                CPU_KEY: time.process_time() - self.cpu,
+                "time/trainer_started_at": self.wall, "time/reported_at": time.time()}
+
+    def report(self, send: Callable[[], None]) -> None:
+        """Hand a report over, timing the wait."""
+        start = time.perf_counter()
+        send()
+        self.waited += time.perf_counter() - start
+
+
+def _flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
                  stages: list[dict[str, Any]]) -> dict[str, Any]:
     metrics: dict[str, Any] = dict(report.metrics)
     if stages:
         metrics[STAGES_KEY] = json.dumps(stages, default=str)
-    metrics["time/trial_s"] = time.perf_counter() - started  # time inside the trainer: the useful work
+    metrics.update(clock.fields())
     metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith("train/")})
     metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
     metrics.update({f"info/{k}": v for k, v in facts.items()})
     return metrics
+
+
+class WorkersReportCallback(TuneReportCallback):
+    """Ray's TuneReportCallback forwards rank 0's report alone; this one first sums every worker's
+    CPU-seconds into it, so a data-parallel trial's compute counts all of its workers."""
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Optional[Any]) -> None:
+        if len(metrics) > 1:
+            total = sum(float(m.get(CPU_KEY, 0.0)) for m in metrics)
+            metrics = [{**metrics[0], CPU_KEY: total}, *metrics[1:]]
+        super().after_report(run_context, metrics, checkpoint)
+
+
+def trial_timing(started: float, last: dict[str, Any], gpus: float) -> dict[str, float]:
+    """The run's wall seconds (`started`: the driver's start, by the wall clock) split into start-up, time in
+    the trainer (`time/trial_s`) and teardown, and the GPU-seconds it held (`gpus` for all of its wall time)."""
+    now = time.time()
+    wall = now - started
+    return {"time/wall_s": wall, "time/startup_s": float(last.get("time/trainer_started_at", now)) - started,
+            "time/teardown_s": now - float(last.get("time/reported_at", now)), "time/gpu_s": wall * gpus}
+
+
+def _finish(completed: "CompletedRuns", key: str, last: dict[str, Any], started: float, gpus: float) -> None:
+    """Record the finished run (the last epoch's report plus its timing), then report it once more to Tune.
+    The record comes first: whatever happens to the trial from its last report on, it is finished."""
+    final = {**last, **trial_timing(started, last, gpus), TIMING_REPORT: True}
+    completed.save(key, final)
+    tune.report(final)
 
 
 class TrainReporter(Callback):
@@ -158,7 +261,7 @@ class TrainReporter(Callback):
         self.facts: dict[str, str] = {}
         self.stages: list[dict[str, Any]] = []
         self.rank = ray.train.get_context().get_world_rank()
-        self.started = time.perf_counter()
+        self.clock = TrialClock()
 
     def on_info(self, facts: dict[str, str]) -> None:
         self.facts.update(facts)
@@ -172,7 +275,8 @@ class TrainReporter(Callback):
             if self.rank == 0:
                 report.write_checkpoint(Path(tmp))
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(_flat_report(report, self.facts, self.started, self.stages), checkpoint=checkpoint)
+            metrics = _flat_report(report, self.facts, self.clock, self.stages)
+            self.clock.report(lambda: ray.train.report(metrics, checkpoint=checkpoint))
 
 
 class TuneReporter(TrainReporter):
@@ -182,13 +286,13 @@ class TuneReporter(TrainReporter):
         self.facts = {}
         self.stages = []
         self.last: dict[str, Any] = {}
-        self.started = time.perf_counter()
+        self.clock = TrialClock()
 
     def on_epoch_end(self, report: EpochReport) -> None:
-        self.last = _flat_report(report, self.facts, self.started, self.stages)
+        self.last = _flat_report(report, self.facts, self.clock, self.stages)
         with tempfile.TemporaryDirectory() as tmp:
             report.write_checkpoint(Path(tmp))
-            tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp))
+            self.clock.report(lambda: tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp)))
 
 
 def _fit(config: dict[str, Any], reporter: Callback, checkpoint: Optional[Any], threads: int) -> None:
@@ -276,13 +380,19 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
     resources = spec.resources
     completed = CompletedRuns(spec.storage / spec.name / "completed")
 
+    path = spec.train_path
+    with_process_group = resources.workers > 1 or path.process_group_for_one_worker
+    trainer_class = ray.train.torch.TorchTrainer if with_process_group else DataParallelTrainer
+
     def train_driver(sampled: dict[str, Any]) -> None:
+        started = time.time()
         config = space.materialize(sampled)
         key = run_key(config, spec.stage)
         if _replay_if_done(completed, key):
             return
+        os.environ.update(path.env())  # read by Train when the run starts, in this process and passed on
         name = f"{key}-{tune.get_context().get_trial_id()}"
-        trainer = ray.train.torch.TorchTrainer(
+        trainer = trainer_class(
             train_worker_loop,
             train_loop_config={"config": config, "threads": resources.cpus_per_worker},
             scaling_config=ray.train.ScalingConfig(
@@ -291,7 +401,7 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
             ),
             run_config=ray.train.RunConfig(
                 name=name, storage_path=str(spec.storage / spec.name / "train"),
-                callbacks=[TuneReportCallback()],
+                callbacks=[WorkersReportCallback()],
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
                 failure_config=ray.train.FailureConfig(max_failures=resources.max_failures,
                                                        controller_failure_limit=resources.max_failures),
@@ -299,9 +409,11 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         )
         result = trainer.fit()
         _raise_if_failed(result.metrics)
-        completed.save(key, {**_keep(result.metrics), "checkpoint_path": result.checkpoint.path if result.checkpoint else None})
+        last = {**_keep(result.metrics), "checkpoint_path": result.checkpoint.path if result.checkpoint else None}
+        _finish(completed, key, last, started, resources.gpus_per_worker * resources.workers)
 
     def function_trial(sampled: dict[str, Any]) -> None:
+        started = time.time()
         config = space.materialize(sampled)
         key = run_key(config, spec.stage)
         if _replay_if_done(completed, key):
@@ -314,7 +426,7 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
             completed.save(key, failure)
             tune.report(failure)
             return
-        completed.save(key, _keep(reporter.last))
+        _finish(completed, key, _keep(reporter.last), started, resources.gpus_per_worker)
 
     if spec.executor == "train":
         return tune.with_resources(train_driver, {"cpu": 0, DRIVER_RESOURCE: 1})
@@ -378,6 +490,10 @@ def _run_config(spec: RunSpec) -> tune.RunConfig:
     )
 
 
+def _reuse_actors(spec: RunSpec) -> bool:
+    return spec.executor == "function" or spec.train_path.reuse_driver
+
+
 def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.Tuner], resume: bool) -> tune.ResultGrid:
     """Fit a new or restored experiment. Tune turns a Ctrl-C into a normal return (the caller tells an
     interrupted stage by its unfinished runs) and leaves its own SIGINT handler installed when no signal
@@ -399,6 +515,7 @@ def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, s
     """Random (or TPE) search with Optuna through Tune's OptunaSearch; trials select on `selection/best`.
     A space whose every searched setting was fixed (`--set`) has one config: it runs once, unsearched."""
     trainable = make_trainable(space, spec)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory" on the console
     searcher = DistinctOptunaSearch(
         space={name: optuna_distribution(p) for name, p in space.search.items()},
         metric=SEARCH_METRIC, mode="max", sampler=SAMPLERS[sampler](seed),
@@ -409,7 +526,7 @@ def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, s
             trainable,
             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=trials if searcher else 1,
                                         max_concurrent_trials=spec.max_concurrent,
-                                        reuse_actors=spec.executor == "function"),
+                                        reuse_actors=_reuse_actors(spec)),
             run_config=_run_config(spec),
         )
 
@@ -425,7 +542,7 @@ def run_replicates(space: ResolvedSpace, spec: RunSpec, sampled: dict[str, Any],
         return tune.Tuner(
             trainable,
             param_space={**sampled, "seed": tune.grid_search(seeds)},
-            tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent, reuse_actors=spec.executor == "function"),
+            tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent, reuse_actors=_reuse_actors(spec)),
             run_config=_run_config(spec),
         )
 
@@ -477,7 +594,10 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         run = self._run(trial)
-        if FAILURE_KEY not in result and not result.get("replayed"):
+        if result.get(TIMING_REPORT) and not result.get("replayed"):  # the same epoch again, plus what it used
+            timing = {k: v for k, v in result.items() if k.startswith("time/")}
+            self.tracker.log_metrics(run, timing, step=int(result.get("epoch", iteration)))
+        elif FAILURE_KEY not in result and not result.get("replayed"):
             self.tracker.log_metrics(run, result, step=int(result.get("epoch", iteration)))
         self._log_stages(trial, run, result)
 
@@ -497,6 +617,26 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.tracker.end_child(self._run(trial), "FAILED", reason=error_reason(trial))
+
+
+class ProgressCallback(tune.Callback):
+    """One console line per finished trial of a stage (raybench/sweep/progress.py), in the sweep's process.
+    Tune pickles callbacks into its experiment state: a restored copy keeps its counts and restarts its clock."""
+
+    def __init__(self, progress: StageProgress, say: Callable[[str], None] = print) -> None:
+        self.progress, self.say = progress, say
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.progress.restart()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        last = trial.last_result or {}
+        self.say(self.progress.finished(last.get(SEARCH_METRIC), failed=FAILURE_KEY in last,
+                                        replayed=bool(last.get("replayed"))))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.say(self.progress.finished(None, failed=True))
 
 
 def error_reason(trial: Any) -> str:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from raybench.sweep.results import fmt, nothing_selected, notices
+from raybench.sweep.progress import duration
+from raybench.sweep.results import compute_line, fmt, nothing_selected, notices
 
 
 def _json_safe(value: Any) -> Any:
@@ -52,6 +53,8 @@ def table(summary: dict[str, Any]) -> str:
         frame["selection_value"] = frame["selection_value"].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.4f}")
         frame["failure_reason"] = frame["failure_reason"].fillna("")
         out += [frame.to_string(index=False), ""]
+    if summary.get("compute"):
+        out += [f"wall time {duration(summary['wall_seconds'])}. {compute_line(summary['compute'])}", ""]
     if sel is None:
         out.append(nothing_selected(summary))
         return "\n".join(out)

@@ -15,6 +15,8 @@ from typing import Any, Optional
 import pandas as pd
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
+# What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
+COMPUTE_KEYS = {"wall_s": "time/wall_s", "cpu_s": "time/cpu_s", "gpu_s": "time/gpu_s"}
 BLIND = "selection metric constant: selection is blind"
 
 
@@ -48,6 +50,27 @@ def summarize(replicates: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         summary[key] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else float("nan"),
                         "n": int(len(values))}
     return summary
+
+
+def compute_totals(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """What a stage's runs used, summed over all of them: failed and interrupted runs used compute too.
+    wall_s is trial-seconds (each run's own wall time), cpu_s its workers' process time, gpu_s the GPUs it
+    held times its wall time."""
+    totals: dict[str, float] = {"runs": float(len(runs))}
+    for name, key in COMPUTE_KEYS.items():
+        totals[name] = float(sum(r["metrics"].get(key, 0.0) for r in runs if _finite(r["metrics"].get(key))))
+    return totals
+
+
+def compute_line(compute: dict[str, dict[str, float]]) -> str:
+    """`Compute: search 10 runs, 412 trial-s wall, 380 CPU-s, 0 GPU-s; replicates ...` (hours past an hour)."""
+    def amount(seconds: float, unit: str) -> str:
+        return f"{seconds / 3600:.2f} {unit}-h" if seconds >= 3600 else f"{seconds:.0f} {unit}-s"
+
+    stages = sorted(compute, key=lambda stage: (stage != "search", stage))  # the search first, also from JSON
+    parts = [f"{stage} {int(t['runs'])} runs, {amount(t['wall_s'], 'trial')} wall, {amount(t['cpu_s'], 'CPU')}, "
+             f"{amount(t['gpu_s'], 'GPU')}" for stage, t in ((s, compute[s]) for s in stages) if t["runs"]]
+    return "Compute: " + ("; ".join(parts) if parts else "nothing ran")
 
 
 def blindness(trials: list[dict[str, Any]]) -> Optional[str]:
@@ -106,10 +129,12 @@ def fmt(cell: Optional[dict[str, float]]) -> str:
 
 def markdown(summary: dict[str, Any]) -> str:
     """The short human summary: selected config, the Table-2 row, every trial."""
-    sel, rep = summary.get("selected"), summary["replicates"]
+    sel = summary.get("selected")
     lines = [f"# {summary['name']}: {summary['algorithm']} on {summary['dataset']}", "",
              f"Selection: {summary['selection']['label']} (`{summary['selection']['metric']}`)", ""]
     lines += [f"**{line}**" for line in notices(summary)] + ([""] if notices(summary) else [])
+    if summary.get("compute"):
+        lines += [f"Wall time: {summary['wall_seconds']:.0f} s. {compute_line(summary['compute'])}", ""]
     if sel is None:
         lines.append(nothing_selected(summary))
     else:

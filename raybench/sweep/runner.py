@@ -17,6 +17,7 @@ from raybench.data import load_dataset
 from raybench.paths import inside, name_problem, safe_name, writable_dir_problem
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepExists, SweepInterrupted
+from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import ResolvedSpace, load_space
 from raybench.tracking import RESUME_TAG, SweepTracker, base_tags, check_uri, default_tracking_uri, redact_uri
@@ -27,6 +28,14 @@ SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
 OWN_FLAGS = {"dataset": "--dataset", "algorithm": "the search space's `algorithm:` (another space file)",
              "selection_metric": "--selection (ood_val, id_val, oracle)", "seed": "--seed (the search's seed; "
              "replicate seeds derive from the selected trial)", "stage_cache": "--storage"}
+
+
+STAGE_TITLES = {"search": "search", "replicate": "replicates"}
+
+
+def announce(line: str) -> None:
+    """A progress line on the console, at once (the sweep's own lines; Ray's go to its logs)."""
+    print(line, flush=True)
 
 
 @dataclass
@@ -176,12 +185,14 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     opts = prepared.options
     started = time.time()
 
-    def spec(stage: str, suffix: str = "") -> Any:
+    def spec(stage: str, total: int, suffix: str = "") -> Any:
         callback = backend.TrackingCallback(tracker, prepared.space, stage, tags)
+        progress = backend.ProgressCallback(StageProgress(STAGE_TITLES[stage], total, prepared.selection_metric),
+                                            say=announce)
         return backend.RunSpec(f"{prepared.name}-{stage}{suffix}", prepared.storage, stage, opts.executor, resources,
-                               opts.max_concurrent, (callback,))
+                               opts.max_concurrent, (callback, progress))
 
-    search = spec("search")
+    search = spec("search", opts.trials if prepared.space.search else 1)
     grid = backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume)
     trials = backend.collect(grid, prepared.space, search)
     _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started)
@@ -190,8 +201,10 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     seeds: list[int] = []
     if selected is not None and opts.replicates > 0:
         seeds = tables.replicate_seeds(selected["trial_id"], opts.replicates)
+        announce(f"replicates: {len(seeds)} seeds of trial {selected['trial_id']} (best of the search, "
+                 f"{prepared.selection_metric} {selected['selection_value']:.4f}), elapsed {duration(time.time() - started)}")
         # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
-        replicate = spec("replicate", f"-{selected['trial_id']}")
+        replicate = spec("replicate", len(seeds), f"-{selected['trial_id']}")
         grid = backend.run_replicates(prepared.space, replicate, selected["sampled"], seeds, opts.resume)
         replicates = backend.collect(grid, prepared.space, replicate)
         _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, trials, selected, seeds)
@@ -253,6 +266,7 @@ def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: Optiona
             "summary": tables.summarize(replicates),
         },
         "wall_seconds": round(seconds, 1),
+        "compute": {"search": tables.compute_totals(trials), "replicates": tables.compute_totals(replicates)},
     }
 
 
@@ -264,6 +278,9 @@ def _record(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any], 
     tracker.log_artifacts(directory, "results")
     headline = {f"replicates/{key}/{stat}": cell[stat] for key, cell in summary["replicates"]["summary"].items()
                 for stat in ("mean", "std")}
+    headline.update({f"compute/{stage}/{name}": value for stage, totals in summary["compute"].items()
+                     for name, value in totals.items()})
+    headline["wall_seconds"] = summary["wall_seconds"]
     tracker.log_summary(tables.markdown(summary), headline)
     checkpoint = Path(selected["checkpoint"]) / "best_model.pt" if selected and selected.get("checkpoint") else None
     if checkpoint is not None and checkpoint.is_file():

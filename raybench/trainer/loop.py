@@ -445,7 +445,7 @@ class Trainer:
             split = self.dataset.split(name)
             if name in restricted:
                 split = rows_of(split, restricted[name])
-            outputs = self.predict(algorithm.model, split, self.dataset.views.plain)
+            outputs = self.predict(algorithm.scoring_model(), split, self.dataset.views.plain)
             metrics.update(self.dataset.evaluate(name, outputs, split))
         if restricted:
             self._info({"selection_note": "; ".join(rows.note for rows in restricted.values())})
