@@ -70,3 +70,13 @@ def test_a_run_without_a_field_adds_nothing(missing):
     runs = [{"metrics": {"time/wall_s": 1.0, "time/cpu_s": 1.0}}, {"metrics": {"time/wall_s": 2.0, "time/cpu_s": 2.0}}]
     del runs[1]["metrics"][missing]
     assert compute_totals(runs)[missing.split("/")[1]] == 1.0
+
+
+def test_a_data_parallel_trials_cpu_seconds_count_every_worker():
+    from raybench.sweep.ray_backend import CPU_KEY, with_workers_cpu
+
+    ranks = [{CPU_KEY: 3.0, "val/acc": 0.5}, {CPU_KEY: 2.5, "val/acc": 0.4}, {CPU_KEY: 1.5}]
+    merged = with_workers_cpu(ranks)
+    assert merged[0] == {CPU_KEY: 7.0, "val/acc": 0.5} and merged[1:] == ranks[1:]  # rank 0's metrics otherwise
+    assert ranks[0][CPU_KEY] == 3.0  # the workers' own reports are left as they were
+    assert with_workers_cpu(ranks[:1]) == ranks[:1]
