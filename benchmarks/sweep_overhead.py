@@ -38,6 +38,9 @@ from pathlib import Path
 import torch
 
 
+USEFUL_WORK_GOALS = {"train": 0.80, "function": 0.92}  # issue #9
+
+
 def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root: Path,
                    fixed: dict | None = None) -> tuple[dict, float]:
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
@@ -56,7 +59,8 @@ def run_bare(summary: dict, space_name: str) -> float:
     from raybench.sweep.runner import SweepOptions, prepare
     from raybench.trainer import TrainConfig, Trainer
 
-    prepared = prepare(SweepOptions(space=space_name, resume=True))  # resume: only resolving, nothing is run
+    with tempfile.TemporaryDirectory() as tmp:  # only resolving the space as the sweep did: nothing runs there
+        prepared = prepare(SweepOptions(space=space_name, storage=tmp, tracking_uri=f"sqlite:///{tmp}/unused.db"))
     dataset = load_dataset("digits-shift")
     start = time.perf_counter()
     for trial in summary["trials"]:
@@ -154,9 +158,10 @@ def main() -> None:
             ray_backend.shutdown()
         work = [training_seconds(t["metrics"]) for t in summary["trials"]]
         useful = sum(work) / (wall * args.concurrent)
-        print(f"[{executor}] {len(work)} trials, sweep wall {wall:.0f} s, time in trainer {sum(work):.0f} s, "
-              f"useful-work fraction {useful:.4f}, overhead {(wall * args.concurrent - sum(work)) / len(work):.1f} s per trial",
-              flush=True)
+        goal = USEFUL_WORK_GOALS[executor]
+        print(f"[{executor}] {len(work)} trials, sweep wall {wall:.1f} s, training {sum(work):.1f} s, useful-work fraction "
+              f"{useful:.3f} (goal >= {goal:.2f}, judged unrounded: {'met' if useful >= goal else 'missed'}), overhead "
+              f"{(wall * args.concurrent - sum(work)) / len(work):.2f} s per trial", flush=True)
         if bare_wall is None:
             bare_wall = run_bare(summary, args.space)
             print(f"[bare] the same {len(work)} configs sequentially in one process: {bare_wall:.0f} s", flush=True)

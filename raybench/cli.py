@@ -251,6 +251,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker, address=args.address,
         tracking_uri=args.tracking_uri, storage=args.storage, name=args.name, smoke=args.smoke, resume=args.resume,
         executor=args.executor, selection=args.selection, autoscaling=args.autoscaling, resume_command=resume,
+        scheduler=args.scheduler, grace_period=args.grace_period, reduction_factor=args.reduction_factor,
         extra_fixed=parse_assignments(args.set),
     )
     with _Signals() as signals:
@@ -370,6 +371,12 @@ def add_sweep_parser(sub: Any) -> None:
     p.add_argument("--executor", choices=["train", "function"], default="train",
                    help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, single worker")
     p.add_argument("--selection", choices=["ood_val", "id_val", "oracle"], default="ood_val")
+    p.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
+                   help="fifo: every trial runs all its epochs; asha: stop trials early on the selection metric "
+                        "(each still selected on its best epoch so far)")
+    p.add_argument("--grace-period", type=positive_int, default=1, help="asha: epochs before a trial can be stopped")
+    p.add_argument("--reduction-factor", type=positive_float, default=3.0,
+                   help="asha: at each rung keep the top 1/FACTOR of trials (> 1)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a trainer setting for every trial")
     p.set_defaults(run=cmd_sweep)
 

@@ -116,6 +116,33 @@ def test_patience_stops_early(tiny_dataset, monkeypatch):
     assert "early_stopped_round_0" in recorder.facts
 
 
+class StopAfter(Recorder):
+    """Asks the trainer to stop once `epochs` epochs were reported, as an early-stopping scheduler does."""
+
+    def __init__(self, epochs: int) -> None:
+        super().__init__()
+        self.epochs = epochs
+
+    def should_stop(self) -> bool:
+        return len(self.reports) >= self.epochs
+
+
+def test_a_stop_request_ends_the_run_after_that_epoch_with_its_best_so_far(tiny_dataset):
+    stopper = StopAfter(2)
+    result = Trainer(config(epochs=5), [stopper], tiny_dataset).fit()
+    assert [r.epoch for r in stopper.reports] == [0, 1] and len(result.history) == 2
+    full = Trainer(config(epochs=5), dataset=tiny_dataset).fit()
+    assert result.history == full.history[:2]  # the same run, cut short: not a different one
+    assert result.best_epoch == max(range(2), key=lambda e: (full.history[e]["val/acc"], -e))
+
+
+def test_a_stop_request_ends_every_round_of_a_multi_round_method(tiny_dataset, tmp_path):
+    stopper = StopAfter(1)
+    cfg = config(algorithm="noisy_student", epochs=1, iterations=3, stage_cache=str(tmp_path / "stages"))
+    result = Trainer(cfg, [stopper], tiny_dataset).fit()
+    assert len(stopper.reports) == 1 and len(result.history) == 1
+
+
 def test_noisy_student_trains_its_own_teacher_then_reuses_a_checkpoint(tiny_dataset, tmp_path):
     recorder = Recorder(tmp_path)
     cfg = config(algorithm="noisy_student", epochs=1, iterations=2, stage_cache=str(tmp_path / "stages"))

@@ -36,6 +36,7 @@ class StageProgress:
     started: float = field(default=math.nan)
     done: int = 0
     failed: int = 0
+    stopped: int = 0  # finished early at an early-stopping scheduler's request (ASHA)
     untimed: int = 0  # finished trials left out of the rate: replayed ones, and those before a resume
     best: Optional[float] = None
 
@@ -43,11 +44,12 @@ class StageProgress:
         if math.isnan(self.started):
             self.started = self.clock()
 
-    def finished(self, value: Optional[float], failed: bool, replayed: bool = False) -> str:
-        """Count one finished trial (its selection value; whether it failed or was replayed from its record);
-        the line to print."""
+    def finished(self, value: Optional[float], failed: bool, replayed: bool = False, stopped: bool = False) -> str:
+        """Count one finished trial (its selection value; whether it failed, was replayed from its record or
+        was stopped early); the line to print."""
         self.done += 1
         self.failed += int(failed)
+        self.stopped += int(stopped)
         self.untimed += int(replayed)
         if not failed and value is not None and math.isfinite(value) and (self.best is None or value > self.best):
             self.best = value
@@ -61,6 +63,8 @@ class StageProgress:
     def line(self) -> str:
         elapsed = self.clock() - self.started
         parts = [f"{self.stage}: {self.done}/{self.total} done", f"{self.failed} failed"]
+        if self.stopped:
+            parts.append(f"{self.stopped} stopped early")
         parts.append(f"best {self.metric_label} {self.best:.4f}" if self.best is not None else
                      f"best {self.metric_label} -")
         parts.append(f"elapsed {duration(elapsed)}")

@@ -1,4 +1,5 @@
-"""The one module that imports Ray Tune and Ray Train (their APIs move between releases).
+"""The Ray backend: with its half ray_worker.py, the only code that imports Ray Tune and Ray Train (their
+APIs move between releases).
 
 Two executors run the very same raybench `Trainer`:
 - `train` (default): each Tune trial is a small driver function that fits a Ray Train `TorchTrainer`
@@ -11,6 +12,13 @@ Two executors run the very same raybench `Trainer`:
 
 How a Train-executor trial starts and ends is `TrainPath`: each of its settings is a measured saving of
 per-trial start-up or teardown (benchmarks/README.md, "Sweep overhead").
+
+What runs inside Ray Train's own controller and worker processes (the worker loop, its reporter, the report
+callback) lives in ray_worker.py, which imports neither Tune's searchers nor torch: Train unpickles it in
+every process it starts.
+
+`--scheduler asha` stops unpromising search trials early with Tune's ASHA, but cooperatively
+(`CooperativeASHA`, `StopRequests`): the trial ends itself after the epoch it reported, as a finished run.
 
 Every trial reports what it used: its wall seconds split into start-up (driver start to the raybench
 trainer's start), time in the trainer and teardown (last report to the driver's return), its workers'
@@ -45,21 +53,27 @@ import ray.train  # noqa: E402
 import ray.train.torch  # noqa: E402
 from ray import tune  # noqa: E402
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
-from ray.tune.integration.ray_train import TuneReportCallback  # noqa: E402
+from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler  # noqa: E402
 from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 from raybench.sweep.errors import ClusterError  # noqa: E402
 from raybench.sweep.progress import StageProgress  # noqa: E402
 from raybench.sweep.space import Param, ResolvedSpace, run_key  # noqa: E402
-from raybench.trainer import Callback, DivergenceError, EpochReport, StageReport, TrainConfig, Trainer  # noqa: E402
+from raybench.sweep.results import FAILED, INTERRUPTED, OK, SELECTABLE, STOPPED  # noqa: E402
+from raybench.sweep.ray_worker import (  # noqa: E402
+    EPOCHS_DONE, FAILURE_KEY, SEARCH_METRIC, STAGES_KEY, TrainReporter, TrialClock, WorkersReportCallback,
+    divergence_report, fit, flat_report, train_worker_loop,
+)
+from raybench.trainer import DivergenceError, EpochReport  # noqa: E402
+
+# Tune's "`process_trial_result` took 0.8 s, which may be a performance bottleneck" (the MLflow callback's
+# sqlite commit on a busy 2-core machine): timing hints for Tune's developers, not the user's console.
+logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
 
 DRIVER_RESOURCE = "trial_driver"
-FAILURE_KEY = "failure_reason"
-STAGES_KEY = "stages"  # JSON list of the multi-stage method's earlier stages, carried by every report
-SEARCH_METRIC = "selection/best"
 EXECUTORS = ("train", "function")
 TIMING_REPORT = "trial_timing"  # marks the driver's final report: the run's timing and compute, no new epoch
-CPU_KEY = "time/cpu_s"
+STOPPED_KEY = "stopped_early"  # in a finished run's record: an early-stopping scheduler ended it
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,17 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class EarlyStopping:
+    """ASHA (asynchronous successive halving, Li et al. 2020) over a search: at rungs of `grace_period`
+    x `reduction_factor`^k epochs, a trial whose best selection value so far (OOD validation by default)
+    is under the rung's top 1/`reduction_factor` is stopped. `max_epochs` is a run's length."""
+
+    grace_period: int
+    reduction_factor: float
+    max_epochs: int
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One Tune experiment: where it lives, how many trials, how they run and whom to tell."""
 
@@ -115,6 +140,11 @@ class RunSpec:
     max_concurrent: int
     callbacks: tuple[Any, ...] = ()
     train_path: TrainPath = dataclasses.field(default_factory=lambda: DEFAULT_TRAIN_PATH)
+    early_stopping: Optional[EarlyStopping] = None  # None: every trial runs all of its epochs (FIFO)
+
+    @property
+    def stop_requests(self) -> "StopRequests":
+        return StopRequests(self.storage / self.name / "stop_requests")
 
 
 DEFAULT_TRAIN_PATH = TrainPath()
@@ -189,60 +219,6 @@ def shutdown() -> None:
 
 
 # ----- reporting from inside a trial ---------------------------------------------------------------------
-@dataclass
-class TrialClock:
-    """When the raybench trainer started in this process, by the wall clock (which the driver shares on one
-    node) and by this process's CPU time (all its threads), and how long its reports waited to be taken.
-
-    `time/trial_s` is the time inside the trainer, reports included; `time/report_wait_s` the part of it
-    spent handing earlier epochs' reports to Ray (the last report's wait falls after `time/reported_at`,
-    in the teardown). What is left is the training itself."""
-
-    wall: float = dataclasses.field(default_factory=time.time)
-    cpu: float = dataclasses.field(default_factory=time.process_time)
-    perf: float = dataclasses.field(default_factory=time.perf_counter)
-    waited: float = 0.0
-
-    def fields(self) -> dict[str, float]:
-        return {"time/trial_s": time.perf_counter() - self.perf, "time/report_wait_s": self.waited,
-                CPU_KEY: time.process_time() - self.cpu,
-                "time/trainer_started_at": self.wall, "time/reported_at": time.time()}
-
-    def report(self, send: Callable[[], None]) -> None:
-        """Hand a report over, timing the wait."""
-        start = time.perf_counter()
-        send()
-        self.waited += time.perf_counter() - start
-
-
-def _flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
-                 stages: list[dict[str, Any]]) -> dict[str, Any]:
-    metrics: dict[str, Any] = dict(report.metrics)
-    if stages:
-        metrics[STAGES_KEY] = json.dumps(stages, default=str)
-    metrics.update(clock.fields())
-    metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith("train/")})
-    metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
-    metrics.update({f"info/{k}": v for k, v in facts.items()})
-    return metrics
-
-
-class WorkersReportCallback(TuneReportCallback):
-    """Ray's TuneReportCallback forwards rank 0's report alone; this one first sums every worker's
-    CPU-seconds into it, so a data-parallel trial's compute counts all of its workers."""
-
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Optional[Any]) -> None:
-        super().after_report(run_context, with_workers_cpu(metrics), checkpoint)
-
-
-def with_workers_cpu(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The workers' reports (rank 0 first) with rank 0's CPU-seconds replaced by every worker's sum."""
-    if len(metrics) < 2:
-        return metrics
-    total = sum(float(m.get(CPU_KEY, 0.0)) for m in metrics)
-    return [{**metrics[0], CPU_KEY: total}, *metrics[1:]]
-
-
 def trial_timing(started: float, last: dict[str, Any], gpus: float) -> dict[str, float]:
     """The run's wall seconds (`started`: the driver's start, by the wall clock) split into start-up, time in
     the trainer (`time/trial_s`) and teardown, and the GPU-seconds it held (`gpus` for all of its wall time)."""
@@ -252,91 +228,31 @@ def trial_timing(started: float, last: dict[str, Any], gpus: float) -> dict[str,
             "time/teardown_s": now - float(last.get("time/reported_at", now)), "time/gpu_s": wall * gpus}
 
 
-def _finish(completed: "CompletedRuns", key: str, last: dict[str, Any], started: float, gpus: float) -> None:
-    """Record the finished run (the last epoch's report plus its timing), then report it once more to Tune.
-    The record comes first: whatever happens to the trial from its last report on, it is finished."""
-    final = {**last, **trial_timing(started, last, gpus), TIMING_REPORT: True}
+def _finish(completed: "CompletedRuns", key: str, last: dict[str, Any], started: float, gpus: float,
+            stopped: bool) -> None:
+    """Record the finished run (the last epoch's report plus its timing, and whether a scheduler stopped it
+    early), then report it once more to Tune. The record comes first: whatever happens to the trial from its
+    last report on, it is finished."""
+    final = {**last, **trial_timing(started, last, gpus), STOPPED_KEY: stopped, TIMING_REPORT: True}
     completed.save(key, final)
     tune.report(final)
-
-
-class TrainReporter(Callback):
-    """On each Ray Train worker: every epoch, `ray.train.report` the metrics; rank 0 attaches the checkpoint."""
-
-    def __init__(self) -> None:
-        self.facts: dict[str, str] = {}
-        self.stages: list[dict[str, Any]] = []
-        self.rank = ray.train.get_context().get_world_rank()
-        self.clock = TrialClock()
-
-    def on_info(self, facts: dict[str, str]) -> None:
-        self.facts.update(facts)
-
-    def on_stage(self, report: StageReport) -> None:
-        self.stages.append(dataclasses.asdict(report))
-
-    def on_epoch_end(self, report: EpochReport) -> None:
-        with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = None
-            if self.rank == 0:
-                report.write_checkpoint(Path(tmp))
-                checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            metrics = _flat_report(report, self.facts, self.clock, self.stages)
-            self.clock.report(lambda: ray.train.report(metrics, checkpoint=checkpoint))
 
 
 class TuneReporter(TrainReporter):
     """In a plain Tune function trial: the same reports through `tune.report`; keeps the last one."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_file: Optional[str] = None) -> None:
         self.facts = {}
         self.stages = []
         self.last: dict[str, Any] = {}
         self.clock = TrialClock()
+        self.stop_file = stop_file
 
     def on_epoch_end(self, report: EpochReport) -> None:
-        self.last = _flat_report(report, self.facts, self.clock, self.stages)
+        self.last = flat_report(report, self.facts, self.clock, self.stages)
         with tempfile.TemporaryDirectory() as tmp:
             report.write_checkpoint(Path(tmp))
             self.clock.report(lambda: tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp)))
-
-
-def _fit(config: dict[str, Any], reporter: Callback, checkpoint: Optional[Any], threads: int) -> None:
-    """Run the raybench trainer, resuming from `checkpoint` if the run was retried or restored."""
-    import torch
-
-    torch.set_num_threads(max(1, threads))
-    trainer = Trainer(TrainConfig.from_flat(config), callbacks=[reporter])
-    if checkpoint is None:
-        trainer.fit()
-        return
-    with checkpoint.as_directory() as directory:
-        trainer.fit(resume_from=Path(directory))
-
-
-def _divergence_report(err: DivergenceError) -> dict[str, Any]:
-    """The failure as a last report (Train would otherwise retry a deterministic divergence); the search
-    metric is NaN because Tune insists every result carries it. The driver then fails the trial."""
-    return {FAILURE_KEY: f"diverged: {err}", SEARCH_METRIC: float("nan")}
-
-
-def train_worker_loop(loop_config: dict[str, Any]) -> None:
-    """Ray Train's per-worker function: one raybench trainer per worker."""
-    try:
-        _fit(loop_config["config"], TrainReporter(), ray.train.get_checkpoint(), int(loop_config["threads"]))
-    except DivergenceError as err:  # deterministic: retrying from a checkpoint would diverge again
-        report_failure(_divergence_report(err))
-
-
-def report_failure(metrics: dict[str, Any]) -> None:
-    """Report the failure with a (tiny) checkpoint: Train's result only carries checkpointed reports, so
-    this is how the driver learns of it and fails the trial instead of recording it as finished."""
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = None
-        if ray.train.get_context().get_world_rank() == 0:
-            (Path(tmp) / "failure.json").write_text(json.dumps(metrics))
-            checkpoint = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=checkpoint)
 
 
 def _raise_if_failed(metrics: Optional[dict[str, Any]]) -> None:
@@ -369,6 +285,56 @@ class CompletedRuns:
         os.replace(tmp, self._path(key))
 
 
+class StopRequests:
+    """An early-stopping scheduler's decisions, one empty file per stopped Tune trial under the sweep's storage
+    (which every node of a multi-node cluster shares, as Ray Train's checkpoints require).
+
+    Tune's own stop kills the trial's driver in the middle of its Ray Train run, which leaves the run's
+    workers and placement group behind. Instead the trial reads its file after each epoch's report and ends
+    there as a finished run: its best epoch so far is its result, its curve so far stays in MLflow."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path(self, trial_id: str) -> Path:
+        return self.directory / trial_id
+
+    def ask(self, trial_id: str) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path(trial_id).touch()
+
+    def asked(self, trial_id: str) -> bool:
+        return self.path(trial_id).exists()
+
+
+class CooperativeASHA(AsyncHyperBandScheduler):
+    """Tune's ASHA, counting rungs in epochs on the best selection value so far, whose STOP becomes a stop
+    request (StopRequests) the trial honours after its epoch rather than a kill."""
+
+    def __init__(self, rule: EarlyStopping, requests: StopRequests) -> None:
+        super().__init__(time_attr=EPOCHS_DONE, metric=SEARCH_METRIC, mode="max", max_t=rule.max_epochs,
+                         grace_period=rule.grace_period, reduction_factor=rule.reduction_factor, stop_last_trials=False)
+        self.rule, self.requests = rule, requests
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        if result.get(TIMING_REPORT) or result.get("replayed") or FAILURE_KEY in result:
+            return TrialScheduler.CONTINUE  # not an epoch: the run's closing report, a record, a failure
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == TrialScheduler.STOP and int(result[EPOCHS_DONE]) < self.rule.max_epochs:
+            self.requests.ask(trial.trial_id)
+        return TrialScheduler.CONTINUE
+
+
+def stopped_early(spec: "RunSpec", trial_id: str, last: dict[str, Any]) -> bool:
+    """Whether the scheduler asked this trial to stop and it ended before its last epoch because of it."""
+    rule = spec.early_stopping
+    return bool(rule and spec.stop_requests.asked(trial_id) and int(last.get(EPOCHS_DONE, 0)) < rule.max_epochs)
+
+
+def _stop_file(spec: "RunSpec", trial_id: str) -> Optional[str]:
+    return str(spec.stop_requests.path(trial_id)) if spec.early_stopping else None
+
+
 def _replay_if_done(completed: CompletedRuns, key: str) -> bool:
     record = completed.load(key)
     if record is None:
@@ -397,10 +363,12 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         if _replay_if_done(completed, key):
             return
         os.environ.update(path.env())  # read by Train when the run starts, in this process and passed on
-        name = f"{key}-{tune.get_context().get_trial_id()}"
+        trial_id = tune.get_context().get_trial_id()
+        name = f"{key}-{trial_id}"
         trainer = trainer_class(
             train_worker_loop,
-            train_loop_config={"config": config, "threads": resources.cpus_per_worker},
+            train_loop_config={"config": config, "threads": resources.cpus_per_worker,
+                               "stop_file": _stop_file(spec, trial_id)},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0,
                 resources_per_worker={"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker},
@@ -416,7 +384,8 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         result = trainer.fit()
         _raise_if_failed(result.metrics)
         last = {**_keep(result.metrics), "checkpoint_path": result.checkpoint.path if result.checkpoint else None}
-        _finish(completed, key, last, started, resources.gpus_per_worker * resources.workers)
+        _finish(completed, key, last, started, resources.gpus_per_worker * resources.workers,
+                stopped_early(spec, trial_id, last))
 
     def function_trial(sampled: dict[str, Any]) -> None:
         started = time.time()
@@ -424,15 +393,17 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         key = run_key(config, spec.stage)
         if _replay_if_done(completed, key):
             return
-        reporter = TuneReporter()
+        trial_id = tune.get_context().get_trial_id()
+        reporter = TuneReporter(_stop_file(spec, trial_id))
         try:
-            _fit(config, reporter, tune.get_checkpoint(), int(resources.cpus_per_worker))
+            fit(config, reporter, tune.get_checkpoint(), int(resources.cpus_per_worker))
         except DivergenceError as err:  # deterministic: a retry (FailureConfig) would diverge again
-            failure = _divergence_report(err)
+            failure = divergence_report(err)
             completed.save(key, failure)
             tune.report(failure)
             return
-        _finish(completed, key, _keep(reporter.last), started, resources.gpus_per_worker)
+        last = _keep(reporter.last)
+        _finish(completed, key, last, started, resources.gpus_per_worker, stopped_early(spec, trial_id, last))
 
     if spec.executor == "train":
         return tune.with_resources(train_driver, {"cpu": 0, DRIVER_RESOURCE: 1})
@@ -500,6 +471,11 @@ def _reuse_actors(spec: RunSpec) -> bool:
     return spec.executor == "function" or spec.train_path.reuse_driver
 
 
+def _scheduler(spec: RunSpec) -> Optional[TrialScheduler]:
+    """ASHA when the search stops trials early; None is Tune's FIFO (every trial runs to its end)."""
+    return CooperativeASHA(spec.early_stopping, spec.stop_requests) if spec.early_stopping else None
+
+
 def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.Tuner], resume: bool) -> tune.ResultGrid:
     """Fit a new or restored experiment. Tune turns a Ctrl-C into a normal return (the caller tells an
     interrupted stage by its unfinished runs) and leaves its own SIGINT handler installed when no signal
@@ -531,7 +507,7 @@ def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, s
         return tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=trials if searcher else 1,
-                                        max_concurrent_trials=spec.max_concurrent,
+                                        max_concurrent_trials=spec.max_concurrent, scheduler=_scheduler(spec),
                                         reuse_actors=_reuse_actors(spec)),
             run_config=_run_config(spec),
         )
@@ -619,6 +595,8 @@ class TrackingCallback(tune.Callback):
         last = trial.last_result or {}
         reason = last.get(FAILURE_KEY)  # a diverged Train run ends without an exception
         tags = {"raybench.selection_blind": str(last[BLIND_INFO])} if last.get(BLIND_INFO) else {}
+        if last.get(STOPPED_KEY):
+            tags["raybench.stopped_early"] = f"after epoch {int(last[EPOCHS_DONE]) - 1}"
         self.tracker.end_child(run, "FAILED" if reason else "FINISHED", reason=reason, tags=tags)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -639,7 +617,7 @@ class ProgressCallback(tune.Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         last = trial.last_result or {}
         self.say(self.progress.finished(last.get(SEARCH_METRIC), failed=FAILURE_KEY in last,
-                                        replayed=bool(last.get("replayed"))))
+                                        replayed=bool(last.get("replayed")), stopped=bool(last.get(STOPPED_KEY))))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.say(self.progress.finished(None, failed=True))
@@ -662,7 +640,6 @@ def _order(result: Any, metrics: dict[str, Any], fallback: int) -> int:
     return int(found.group(1)) if found else fallback
 
 
-INTERRUPTED = "interrupted"
 BLIND_INFO = "info/selection_blind"
 NOTE_INFO = "info/selection_note"
 
@@ -686,10 +663,12 @@ def _checkpoint_path(result: Any, metrics: dict[str, Any]) -> Optional[str]:
     return result.checkpoint.path if result.checkpoint is not None else None
 
 
-def _status(reason: Optional[str], finished: bool) -> str:
+def _status(reason: Optional[str], record: Optional[dict[str, Any]]) -> str:
     if reason:
-        return "failed"
-    return "ok" if finished else INTERRUPTED
+        return FAILED
+    if record is None:
+        return INTERRUPTED
+    return STOPPED if record.get(STOPPED_KEY) else OK
 
 
 def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[dict[str, Any]]:
@@ -705,9 +684,9 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
         metrics = dict(result.metrics or {})
         sampled = {k: v for k, v in (result.config or {}).items()}
         config = space.materialize(sampled)
-        finished = completed.load(run_key(config, spec.stage)) is not None
-        reason = _reason(result, metrics, finished)
-        status = _status(reason, finished)
+        record = completed.load(run_key(config, spec.stage))
+        reason = _reason(result, metrics, record is not None)
+        status = _status(reason, record)
         records.append({
             "order": _order(result, metrics, index),
             "trial_id": trial_id(config),
@@ -715,7 +694,7 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
             "sampled": sampled,
             "status": status,
             "failure_reason": reason,
-            "selection_value": metrics.get(SEARCH_METRIC) if status == "ok" else None,
+            "selection_value": metrics.get(SEARCH_METRIC) if status in SELECTABLE else None,
             "best_epoch": metrics.get("best_epoch"),
             "selection_blind": bool(metrics.get(BLIND_INFO)),
             "selection_note": metrics.get(NOTE_INFO),

@@ -15,6 +15,8 @@ from typing import Any, Optional
 import pandas as pd
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
+STOPPED = "stopped early"  # finished when an early-stopping scheduler (ASHA) asked: selectable on its best epoch
+SELECTABLE = (OK, STOPPED)
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
 COMPUTE_KEYS = {"wall_s": "time/wall_s", "cpu_s": "time/cpu_s", "gpu_s": "time/gpu_s"}
 BLIND = "selection metric constant: selection is blind"
@@ -26,8 +28,9 @@ def replicate_seeds(trial_id: str, count: int) -> list[int]:
 
 
 def select_best(trials: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """The ok trial with the highest selection value; ties go to the earlier-sampled trial."""
-    candidates = [t for t in trials if t["status"] == OK and _finite(t.get("selection_value"))]
+    """The finished trial (run to its end or stopped early) with the highest selection value at its best
+    epoch; ties go to the earlier-sampled trial."""
+    candidates = [t for t in trials if t["status"] in SELECTABLE and _finite(t.get("selection_value"))]
     if not candidates:
         return None
     return max(candidates, key=lambda t: (t["selection_value"], -t["order"]))
@@ -75,6 +78,7 @@ def compute_line(compute: dict[str, dict[str, float]]) -> str:
 
 def blindness(trials: list[dict[str, Any]]) -> Optional[str]:
     """One line when trials' selection metric never moved: that selection picked by chance, not by merit."""
+    # Trials that ran to their end: one stopped early (ASHA) ended right after a report, before the check.
     finished = [t for t in trials if t["status"] == OK]
     blind = [t for t in finished if t.get("selection_blind")]
     if not blind:

@@ -38,6 +38,9 @@ def announce(line: str) -> None:
     print(line, flush=True)
 
 
+SCHEDULERS = ("fifo", "asha")
+
+
 @dataclass
 class SweepOptions:
     space: str
@@ -61,6 +64,9 @@ class SweepOptions:
     max_failures: int = 2
     autoscaling: bool = False  # the cluster adds nodes on demand: don't refuse what it cannot run yet
     resume_command: Optional[str] = None  # shown (and tagged) when the sweep is interrupted
+    scheduler: str = "fifo"  # fifo: every trial runs all its epochs; asha: stop unpromising ones early
+    grace_period: int = 1  # asha: epochs every trial runs before it can be stopped
+    reduction_factor: float = 3.0  # asha: keep the top 1/reduction_factor at each rung
     extra_fixed: dict[str, Any] = field(default_factory=dict)
 
     def sweep_name(self, algorithm: str) -> str:
@@ -80,6 +86,7 @@ class Prepared:
     metric_names: list[str]
     tracking_uri: str
     storage: Path
+    epochs: int  # a trial's length, where ASHA's last rung lies
 
 
 def prepare(options: SweepOptions) -> Prepared:
@@ -107,6 +114,9 @@ def prepare(options: SweepOptions) -> Prepared:
 
     dry_run = TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full config
     dry_run.check_model_builds(dataset)
+    if options.scheduler == "asha" and options.grace_period >= dry_run.epochs:
+        raise OptionError(f"--grace-period: a trial runs {dry_run.epochs} epoch(s), so ASHA can only stop it with a grace "
+                          f"period under that, got {options.grace_period}")
     if not resolved.search and options.trials > 1:
         raise OptionError(f"--trials: nothing is left to search in {space.path} (--set fixed every searched setting), "
                           f"so expected 1, got {options.trials}")
@@ -114,7 +124,8 @@ def prepare(options: SweepOptions) -> Prepared:
     check_uri(uri)
     name = options.sweep_name(space.algorithm)
     _check_storage_for(name, storage, options.resume)
-    return Prepared(options, name, resolved, space.algorithm, metric, selection.label, list(dataset.metric_names), uri, storage)
+    return Prepared(options, name, resolved, space.algorithm, metric, selection.label, list(dataset.metric_names), uri, storage,
+                    dry_run.epochs)
 
 
 def check_options(options: SweepOptions) -> None:
@@ -128,6 +139,12 @@ def check_options(options: SweepOptions) -> None:
     if options.executor == "function" and options.workers_per_trial != 1:
         raise OptionError(f"--workers-per-trial: --executor function runs single-worker trials, got "
                           f"{options.workers_per_trial}; use --executor train for several workers")
+    if options.scheduler not in SCHEDULERS:
+        raise OptionError(f"--scheduler: expected one of {', '.join(SCHEDULERS)}, got {options.scheduler!r}")
+    if options.grace_period < 1:
+        raise OptionError(f"--grace-period: expected a whole number of epochs >= 1, got {options.grace_period}")
+    if not options.reduction_factor > 1:
+        raise OptionError(f"--reduction-factor: expected a number > 1, got {options.reduction_factor:g}")
     problem = writable_dir_problem(Path(options.storage))
     if problem:
         raise OptionError(f"--storage: {problem}")
@@ -185,14 +202,15 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     opts = prepared.options
     started = time.time()
 
-    def spec(stage: str, total: int, suffix: str = "") -> Any:
+    def spec(stage: str, total: int, suffix: str = "", early_stopping: Any = None) -> Any:
         callback = backend.TrackingCallback(tracker, prepared.space, stage, tags)
         progress = backend.ProgressCallback(StageProgress(STAGE_TITLES[stage], total, prepared.selection_metric),
                                             say=announce)
         return backend.RunSpec(f"{prepared.name}-{stage}{suffix}", prepared.storage, stage, opts.executor, resources,
-                               opts.max_concurrent, (callback, progress))
+                               opts.max_concurrent, (callback, progress), early_stopping=early_stopping)
 
-    search = spec("search", opts.trials if prepared.space.search else 1)
+    asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
+    search = spec("search", opts.trials if prepared.space.search else 1, early_stopping=asha)
     grid = backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume)
     trials = backend.collect(grid, prepared.space, search)
     _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started)

@@ -1,9 +1,23 @@
-"""The trainer: one loop for every algorithm (`Trainer`), its config and its callback interface."""
-from raybench.trainer.callbacks import Callback, EpochReport, StageReport
-from raybench.trainer.config import ConfigError, TrainConfig
-from raybench.trainer.loop import BEST_MODEL_FILE, STATE_FILE, DivergenceError, FitResult, Trainer
+"""The trainer: one loop for every algorithm (`Trainer`), its config and its callback interface.
 
-__all__ = [
-    "BEST_MODEL_FILE", "STATE_FILE", "Callback", "StageReport", "ConfigError", "DivergenceError", "EpochReport", "FitResult",
-    "TrainConfig", "Trainer",
-]
+Names resolve on first use (PEP 562), so a process that needs only the callback records, such as Ray
+Train's controller unpickling a report callback, does not import torch."""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_HOMES = {
+    "Callback": "callbacks", "EpochReport": "callbacks", "StageReport": "callbacks",
+    "ConfigError": "config", "TrainConfig": "config",
+    "BEST_MODEL_FILE": "loop", "STATE_FILE": "loop", "DivergenceError": "loop", "FitResult": "loop", "Trainer": "loop",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'raybench.trainer' has no attribute {name!r}")
+    value = getattr(import_module(f"raybench.trainer.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value

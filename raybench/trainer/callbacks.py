@@ -50,3 +50,8 @@ class Callback:
 
     def on_stage(self, report: StageReport) -> None:
         """After each earlier stage of a multi-stage method, before the trial's own training."""
+
+    def should_stop(self) -> bool:
+        """Asked after every epoch's report: True ends the run there, as finished (a sweep's scheduler
+        stopping an unpromising trial early). Its best epoch so far stays its result."""
+        return False

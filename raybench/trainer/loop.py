@@ -113,6 +113,20 @@ class Shard:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite)
 
+    def any_rank(self, flag: bool, device: torch.device) -> bool:
+        """Whether any rank says yes, so all ranks act together (one rank leaving the loop alone would leave
+        the others waiting in DDP's next all-reduce)."""
+        said = torch.tensor(int(flag), dtype=torch.int32, device=device)
+        if self.world_size > 1:
+            dist.all_reduce(said, op=dist.ReduceOp.MAX)
+        return bool(said)
+
+
+def _asks_to_stop(callback: Callback) -> bool:
+    """Its `should_stop()`; a callback written before that hook (duck-typed, not a Callback) never asks."""
+    should_stop = getattr(callback, "should_stop", None)
+    return bool(should_stop()) if should_stop is not None else False
+
 
 def choose_device(name: str) -> torch.device:
     if name == "auto":
@@ -135,6 +149,7 @@ class Trainer:
             self.dataset = self.dataset.at_input_size(config.input_size)
         self.config = config.resolve(self.dataset)
         self.callbacks = list(callbacks)
+        self.stopped_on_request = False
         self.shard = shard or Shard.current()
         self.device = choose_device(self.config.device)
         if self.device.type == "cuda" and self.shard.world_size > 1:
@@ -322,7 +337,7 @@ class Trainer:
             elif self.progress.epoch == round_index * self.config.epochs:
                 self._info(algorithm.begin_round(self._round_context(round_index)))
             self._train_round(algorithm, optimizer, schedule, generators, last_round=round_index + 1 >= algorithm.rounds)
-            if self.progress.round + 1 >= algorithm.rounds:
+            if self.stopped_on_request or self.progress.round + 1 >= algorithm.rounds:
                 break
             self.previous_round_state, self.best_state = self.best_state, None
             self.progress.start_round(self.progress.round + 1, self.config.epochs)
@@ -361,6 +376,9 @@ class Trainer:
             )
             for callback in self.callbacks:
                 callback.on_epoch_end(report)
+            if self.shard.any_rank(any(_asks_to_stop(callback) for callback in self.callbacks), self.device):
+                self.stopped_on_request = True  # a scheduler's request (ASHA): this run ends here, every round
+                return
             if stops_early:
                 self.progress.epoch = round_end
                 self._info({f"early_stopped_round_{self.progress.round}": f"after epoch {report.epoch}"})

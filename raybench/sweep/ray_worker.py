@@ -1,0 +1,163 @@
+"""The half of the Ray backend that runs inside Ray Train's own processes: each worker's loop and reporter,
+and the report callback its controller calls.
+
+Ray Train starts a controller and a worker process per run and unpickles these there, importing this
+module by name. So it imports Ray Train alone: not Tune's searchers, Optuna or the experiment code of
+ray_backend.py (which imports this), and the raybench trainer (torch) only inside the worker loop, where it
+runs. The controller then never imports torch. Measured in benchmarks/README.md ("Sweep overhead").
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import ray.train
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from raybench.trainer.callbacks import Callback, EpochReport, StageReport
+
+FAILURE_KEY = "failure_reason"
+STAGES_KEY = "stages"  # JSON list of the multi-stage method's earlier stages, carried by every report
+SEARCH_METRIC = "selection/best"
+CPU_KEY = "time/cpu_s"
+EPOCHS_DONE = "epochs_done"  # what an early-stopping scheduler counts its rungs in
+
+
+@dataclass
+class TrialClock:
+    """When the raybench trainer started in this process, by the wall clock (which the driver shares on one
+    node) and by this process's CPU time (all its threads), and how long its reports waited to be taken.
+
+    `time/trial_s` is the time inside the trainer, reports included; `time/report_wait_s` the part of it
+    spent handing earlier epochs' reports to Ray (the last report's wait falls after `time/reported_at`,
+    in the teardown). What is left is the training itself."""
+
+    wall: float = dataclasses.field(default_factory=time.time)
+    cpu: float = dataclasses.field(default_factory=time.process_time)
+    perf: float = dataclasses.field(default_factory=time.perf_counter)
+    waited: float = 0.0
+
+    def fields(self) -> dict[str, float]:
+        return {"time/trial_s": time.perf_counter() - self.perf, "time/report_wait_s": self.waited,
+                CPU_KEY: time.process_time() - self.cpu,
+                "time/trainer_started_at": self.wall, "time/reported_at": time.time()}
+
+    def report(self, send: Callable[[], None]) -> None:
+        """Hand a report over, timing the wait."""
+        start = time.perf_counter()
+        send()
+        self.waited += time.perf_counter() - start
+
+
+def flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
+                stages: list[dict[str, Any]]) -> dict[str, Any]:
+    metrics: dict[str, Any] = dict(report.metrics)
+    if stages:
+        metrics[STAGES_KEY] = json.dumps(stages, default=str)
+    metrics.update(clock.fields())
+    metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith("train/")})
+    metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
+    metrics[EPOCHS_DONE] = report.metrics["epoch"] + 1
+    metrics.update({f"info/{k}": v for k, v in facts.items()})
+    return metrics
+
+
+class WorkersReportCallback(TuneReportCallback):
+    """Ray's TuneReportCallback forwards rank 0's report alone; this one first sums every worker's
+    CPU-seconds into it, so a data-parallel trial's compute counts all of its workers."""
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Optional[Any]) -> None:
+        super().after_report(run_context, with_workers_cpu(metrics), checkpoint)
+
+
+def with_workers_cpu(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The workers' reports (rank 0 first) with rank 0's CPU-seconds replaced by every worker's sum."""
+    if len(metrics) < 2:
+        return metrics
+    total = sum(float(m.get(CPU_KEY, 0.0)) for m in metrics)
+    return [{**metrics[0], CPU_KEY: total}, *metrics[1:]]
+
+
+class StopRequestReader(Callback):
+    """Ends the run when its stop-request file exists (raybench.sweep.ray_backend.StopRequests): an early-
+    stopping scheduler's decision, honoured after the epoch that was reported, so the run ends as finished."""
+
+    stop_file: Optional[str] = None
+
+    def should_stop(self) -> bool:
+        return self.stop_file is not None and os.path.exists(self.stop_file)
+
+
+class TrainReporter(StopRequestReader):
+    """On each Ray Train worker: every epoch, `ray.train.report` the metrics; rank 0 attaches the checkpoint."""
+
+    def __init__(self, stop_file: Optional[str] = None) -> None:
+        self.facts: dict[str, str] = {}
+        self.stages: list[dict[str, Any]] = []
+        self.rank = ray.train.get_context().get_world_rank()
+        self.clock = TrialClock()
+        self.stop_file = stop_file
+
+    def on_info(self, facts: dict[str, str]) -> None:
+        self.facts.update(facts)
+
+    def on_stage(self, report: StageReport) -> None:
+        self.stages.append(dataclasses.asdict(report))
+
+    def on_epoch_end(self, report: EpochReport) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if self.rank == 0:
+                report.write_checkpoint(Path(tmp))
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            metrics = flat_report(report, self.facts, self.clock, self.stages)
+            self.clock.report(lambda: ray.train.report(metrics, checkpoint=checkpoint))
+
+
+def fit(config: dict[str, Any], reporter: Callback, checkpoint: Optional[Any], threads: int) -> None:
+    """Run the raybench trainer, resuming from `checkpoint` if the run was retried or restored."""
+    import torch
+
+    from raybench.trainer import TrainConfig, Trainer
+
+    torch.set_num_threads(max(1, threads))
+    trainer = Trainer(TrainConfig.from_flat(config), callbacks=[reporter])
+    if checkpoint is None:
+        trainer.fit()
+        return
+    with checkpoint.as_directory() as directory:
+        trainer.fit(resume_from=Path(directory))
+
+
+def divergence_report(err: Exception) -> dict[str, Any]:
+    """The failure as a last report (Train would otherwise retry a deterministic divergence); the search
+    metric is NaN because Tune insists every result carries it. The driver then fails the trial."""
+    return {FAILURE_KEY: f"diverged: {err}", SEARCH_METRIC: float("nan")}
+
+
+def train_worker_loop(loop_config: dict[str, Any]) -> None:
+    """Ray Train's per-worker function: one raybench trainer per worker."""
+    from raybench.trainer import DivergenceError
+
+    try:
+        reporter = TrainReporter(loop_config.get("stop_file"))
+        fit(loop_config["config"], reporter, ray.train.get_checkpoint(), int(loop_config["threads"]))
+    except DivergenceError as err:  # deterministic: retrying from a checkpoint would diverge again
+        report_failure(divergence_report(err))
+
+
+def report_failure(metrics: dict[str, Any]) -> None:
+    """Report the failure with a (tiny) checkpoint: Train's result only carries checkpointed reports, so
+    this is how the driver learns of it and fails the trial instead of recording it as finished."""
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if ray.train.get_context().get_world_rank() == 0:
+            (Path(tmp) / "failure.json").write_text(json.dumps(metrics))
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
