@@ -51,7 +51,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raybench.data import load_dataset  # noqa: E402
-from raybench.trainer import TrainConfig, Trainer  # noqa: E402
+from raybench.trainer import Callback, TrainConfig, Trainer  # noqa: E402
 from raybench.trainer.stages import STAGE_WEIGHTS_FACT  # noqa: E402
 
 MODALITIES = {"images": "digits-shift", "text": "text-shift", "signals": "spoken-digits"}
@@ -61,12 +61,10 @@ FEATURIZERS = ("None", "e-Mix", "ShED")
 PRETEXT = {"e-Mix": "emix", "ShED": "shed"}
 
 
-class StageLog:
+class StageLog(Callback):
     def __init__(self) -> None:
         self.reports = []
         self.info: dict[str, str] = {}
-
-    def on_epoch_end(self, report) -> None: ...
 
     def on_info(self, facts) -> None:
         self.info.update(facts)

@@ -27,17 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raybench.data import load_dataset  # noqa: E402
 from raybench.models import ModelSpec, build_model  # noqa: E402
-from raybench.trainer import TrainConfig, Trainer  # noqa: E402
+from raybench.trainer import Callback, TrainConfig, Trainer  # noqa: E402
 from raybench.trainer.checkpoints import load_state_dict_into  # noqa: E402
 from raybench.trainer.stages import StageCache  # noqa: E402
 
 
-class StageLog:
+class StageLog(Callback):
     def __init__(self) -> None:
         self.reports = []
-
-    def on_epoch_end(self, report) -> None: ...
-    def on_info(self, facts) -> None: ...
 
     def on_stage(self, report) -> None:
         self.reports.append(report)
@@ -137,7 +134,7 @@ def held_out_masked_loss(algorithm, texts: list[str], seed: int = 0, batch: int 
     return total / count
 
 
-class LastState:
+class LastState(Callback):
     """Keeps the whole pretext algorithm's state (encoder and MLM head) after the last epoch."""
 
     def __init__(self, directory: Path) -> None:
@@ -145,9 +142,6 @@ class LastState:
 
     def on_epoch_end(self, report) -> None:
         report.write_checkpoint(self.directory)
-
-    def on_info(self, facts) -> None: ...
-    def on_stage(self, report) -> None: ...
 
 
 def pretext_on(dataset, base: dict, split: str, steps: int, directory: Path):

@@ -86,14 +86,12 @@ def test_wilds_text_datasets_declare_mlm_settings_and_text():
 def test_mlm_pretrains_once_then_fine_tunes_through_the_trainer(tmp_path):
     """The conformance path for mlm on text: the stage trains (pretext mode), the featurizer carries over and the
     head starts fresh, a second trial with another fine-tuning lr loads the same stage from the cache."""
-    from raybench.trainer import TrainConfig, Trainer
+    from raybench.trainer import Callback, TrainConfig, Trainer
 
     dataset = tiny_text_dataset()
     reports = []
 
-    class Stages:
-        def on_epoch_end(self, report): ...
-        def on_info(self, facts): ...
+    class Stages(Callback):
         def on_stage(self, report):
             reports.append(report)
 

@@ -122,12 +122,6 @@ class Shard:
         return bool(said)
 
 
-def _asks_to_stop(callback: Callback) -> bool:
-    """Its `should_stop()`; a callback written before that hook (duck-typed, not a Callback) never asks."""
-    should_stop = getattr(callback, "should_stop", None)
-    return bool(should_stop()) if should_stop is not None else False
-
-
 def choose_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -376,7 +370,7 @@ class Trainer:
             )
             for callback in self.callbacks:
                 callback.on_epoch_end(report)
-            if self.shard.any_rank(any(_asks_to_stop(callback) for callback in self.callbacks), self.device):
+            if self.shard.any_rank(any(callback.should_stop() for callback in self.callbacks), self.device):
                 self.stopped_on_request = True  # a scheduler's request (ASHA): this run ends here, every round
                 return
             if stops_early:
