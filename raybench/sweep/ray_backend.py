@@ -22,7 +22,7 @@ every process it starts.
 
 Every trial reports what it used: its wall seconds split into start-up (driver start to the raybench
 trainer's start), time in the trainer and teardown (last report to the driver's return), its workers'
-CPU-seconds and the GPU-seconds it held. The driver's last report carries them (`TIMING_REPORT`).
+CPU-seconds and the GPU-seconds it held. Its completed record carries them (CompletedRuns).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
 
 DRIVER_RESOURCE = "trial_driver"
 EXECUTORS = ("train", "function")
-TIMING_REPORT = "trial_timing"  # marks the driver's final report: the run's timing and compute, no new epoch
+TIMING_REPORT = "trial_timing"  # marks a finished run's record (reported again only when a resume replays it)
 STOPPED_KEY = "stopped_early"  # in a finished run's record: an early-stopping scheduler ended it
 
 
@@ -230,12 +230,11 @@ def trial_timing(started: float, last: dict[str, Any], gpus: float) -> dict[str,
 
 def _finish(completed: "CompletedRuns", key: str, last: dict[str, Any], started: float, gpus: float,
             stopped: bool) -> None:
-    """Record the finished run (the last epoch's report plus its timing, and whether a scheduler stopped it
-    early), then report it once more to Tune. The record comes first: whatever happens to the trial from its
-    last report on, it is finished."""
-    final = {**last, **trial_timing(started, last, gpus), STOPPED_KEY: stopped, TIMING_REPORT: True}
-    completed.save(key, final)
-    tune.report(final)
+    """Record the finished run: the last epoch's report plus its timing, and whether a scheduler stopped it
+    early. Nothing more is reported to Tune: a `tune.report` from the driver after Train's `fit()` returned
+    can deadlock Tune's session (its main thread forwarding Train's last report and this thread both block
+    on the same one-slot queue). The sweep's callbacks and `collect` read the record instead."""
+    completed.save(key, {**last, **trial_timing(started, last, gpus), STOPPED_KEY: stopped, TIMING_REPORT: True})
 
 
 class TuneReporter(TrainReporter):
@@ -532,6 +531,17 @@ def run_replicates(space: ResolvedSpace, spec: RunSpec, sampled: dict[str, Any],
 
 
 # ----- MLflow: a Tune callback in the sweep's own process --------------------------------------------------
+class RunRecords:
+    """The completed-run record (CompletedRuns) of a Tune trial of one stage: its timing and whether it was
+    stopped early, which the sweep's callbacks read when the trial completes."""
+
+    def __init__(self, completed: CompletedRuns, space: ResolvedSpace, stage: str) -> None:
+        self.completed, self.space, self.stage = completed, space, stage
+
+    def for_trial(self, trial: Any) -> dict[str, Any]:
+        return self.completed.load(run_key(self.space.materialize(trial.config), self.stage)) or {}
+
+
 class TrackingCallback(tune.Callback):
     """Mirrors every trial into a nested MLflow run through raybench.tracking (one log_batch per epoch).
 
@@ -539,8 +549,9 @@ class TrackingCallback(tune.Callback):
     again by a key tag (trial id, plus seed for replicates), so a resumed sweep reuses them.
     """
 
-    def __init__(self, tracker: Any, space: ResolvedSpace, stage: str, tags: dict[str, str]) -> None:
-        self._tracker, self.space, self.stage, self.tags = tracker, space, stage, tags
+    def __init__(self, tracker: Any, space: ResolvedSpace, stage: str, tags: dict[str, str],
+                 records: RunRecords) -> None:
+        self._tracker, self.space, self.stage, self.tags, self.records = tracker, space, stage, tags, records
         self.uri, self.parent_id = tracker.uri, tracker.parent_id
         self.runs: dict[str, str] = {}
         self.stages_logged: set[tuple[str, str]] = set()
@@ -576,10 +587,7 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         run = self._run(trial)
-        if result.get(TIMING_REPORT) and not result.get("replayed"):  # the same epoch again, plus what it used
-            timing = {k: v for k, v in result.items() if k.startswith("time/")}
-            self.tracker.log_metrics(run, timing, step=int(result.get("epoch", iteration)))
-        elif FAILURE_KEY not in result and not result.get("replayed"):
+        if FAILURE_KEY not in result and not result.get("replayed"):
             self.tracker.log_metrics(run, result, step=int(result.get("epoch", iteration)))
         self._log_stages(trial, run, result)
 
@@ -592,11 +600,14 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run = self._run(trial)
-        last = trial.last_result or {}
+        last, record = trial.last_result or {}, self.records.for_trial(trial)
         reason = last.get(FAILURE_KEY)  # a diverged Train run ends without an exception
+        if record and not last.get("replayed"):  # what the run used, from its record
+            timing = {k: v for k, v in record.items() if k.startswith("time/")}
+            self.tracker.log_metrics(run, timing, step=int(record.get("epoch", iteration)))
         tags = {"raybench.selection_blind": str(last[BLIND_INFO])} if last.get(BLIND_INFO) else {}
-        if last.get(STOPPED_KEY):
-            tags["raybench.stopped_early"] = f"after epoch {int(last[EPOCHS_DONE]) - 1}"
+        if record.get(STOPPED_KEY):
+            tags["raybench.stopped_early"] = f"after epoch {int(record[EPOCHS_DONE]) - 1}"
         self.tracker.end_child(run, "FAILED" if reason else "FINISHED", reason=reason, tags=tags)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -607,8 +618,8 @@ class ProgressCallback(tune.Callback):
     """One console line per finished trial of a stage (raybench/sweep/progress.py), in the sweep's process.
     Tune pickles callbacks into its experiment state: a restored copy keeps its counts and restarts its clock."""
 
-    def __init__(self, progress: StageProgress, say: Callable[[str], None] = print) -> None:
-        self.progress, self.say = progress, say
+    def __init__(self, progress: StageProgress, records: RunRecords, say: Callable[[str], None] = print) -> None:
+        self.progress, self.records, self.say = progress, records, say
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -617,7 +628,8 @@ class ProgressCallback(tune.Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         last = trial.last_result or {}
         self.say(self.progress.finished(last.get(SEARCH_METRIC), failed=FAILURE_KEY in last,
-                                        replayed=bool(last.get("replayed")), stopped=bool(last.get(STOPPED_KEY))))
+                                        replayed=bool(last.get("replayed")),
+                                        stopped=bool(self.records.for_trial(trial).get(STOPPED_KEY))))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.say(self.progress.finished(None, failed=True))
@@ -685,6 +697,7 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
         sampled = {k: v for k, v in (result.config or {}).items()}
         config = space.materialize(sampled)
         record = completed.load(run_key(config, spec.stage))
+        metrics.update({k: v for k, v in (record or {}).items() if k.startswith("time/")})
         reason = _reason(result, metrics, record is not None)
         status = _status(reason, record)
         records.append({

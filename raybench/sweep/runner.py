@@ -203,10 +203,12 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     started = time.time()
 
     def spec(stage: str, total: int, suffix: str = "", early_stopping: Any = None) -> Any:
-        callback = backend.TrackingCallback(tracker, prepared.space, stage, tags)
+        name = f"{prepared.name}-{stage}{suffix}"
+        records = backend.RunRecords(backend.CompletedRuns(prepared.storage / name / "completed"), prepared.space, stage)
+        callback = backend.TrackingCallback(tracker, prepared.space, stage, tags, records)
         progress = backend.ProgressCallback(StageProgress(STAGE_TITLES[stage], total, prepared.selection_metric),
-                                            say=announce)
-        return backend.RunSpec(f"{prepared.name}-{stage}{suffix}", prepared.storage, stage, opts.executor, resources,
+                                            records, say=announce)
+        return backend.RunSpec(name, prepared.storage, stage, opts.executor, resources,
                                opts.max_concurrent, (callback, progress), early_stopping=early_stopping)
 
     asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
