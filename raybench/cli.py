@@ -90,7 +90,7 @@ def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Optio
     error names that; any other setting is named as `--set KEY`.
     """
     from raybench.data import load_dataset
-    from raybench.data.base import MissingSourceError
+    from raybench.data.base import InputReadError, MissingSourceError
     from raybench.paths import writable_dir_problem
     from raybench.trainer import ConfigError, DivergenceError, TrainConfig, Trainer
     from raybench.trainer.console import ConsoleCallback
@@ -112,6 +112,9 @@ def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Optio
         raise UsageError(f"{names.get(err.key, f'--set {err.key}')}: {err.detail}") from None
     except DivergenceError as err:
         print(f"raybench: training diverged: {err}", file=sys.stderr)
+        return 1
+    except InputReadError as err:
+        print(f"raybench: unreadable input: {err}", file=sys.stderr)
         return 1
     summary = {
         "dataset": config.dataset, "algorithm": config.algorithm, "seed": config.seed,

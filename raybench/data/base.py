@@ -31,6 +31,12 @@ class MissingSourceError(FileNotFoundError):
     message names the file and the `apt-get install` that fixes it, and the command line prints it as one line."""
 
 
+class InputReadError(RuntimeError):
+    """An input file is corrupt or unreadable: the message is one line naming the file. Raised in a decode
+    thread, it reaches the training loop like any other error, so a bad file fails the run instead of
+    hanging it, and a sweep records it as the trial's reason without retrying."""
+
+
 class TaskKind(str, Enum):
     CLASSIFICATION = "classification"
     REGRESSION = "regression"
@@ -264,6 +270,13 @@ class ShiftDataset:
         if size == self.input_shape[-1] and len(self.input_shape) == 3:
             return self
         raise ValueError(f"dataset {self.name!r} has a fixed input size {self.input_shape}")
+
+    def release_readers(self) -> None:
+        """Stop the threads of inputs read from disk (their decode pools); they start again on the next read."""
+        for split in self.splits.values():
+            close = getattr(split.x, "close", None)
+            if callable(close):
+                close()
 
     def split(self, name: str) -> Split:
         if name not in self.splits:

@@ -62,9 +62,9 @@ from raybench.sweep.space import Param, ResolvedSpace, run_key  # noqa: E402
 from raybench.sweep.results import FAILED, INTERRUPTED, OK, SELECTABLE, STOPPED  # noqa: E402
 from raybench.sweep.ray_worker import (  # noqa: E402
     EPOCHS_DONE, FAILURE_KEY, SEARCH_METRIC, STAGES_KEY, TrainReporter, TrialClock, WorkersReportCallback,
-    divergence_report, fit, flat_report, train_worker_loop,
+    deterministic_failure, fit, flat_report, train_worker_loop,
 )
-from raybench.trainer import DivergenceError, EpochReport  # noqa: E402
+from raybench.trainer import EpochReport  # noqa: E402
 
 # Tune's "`process_trial_result` took 0.8 s, which may be a performance bottleneck" (the MLflow callback's
 # sqlite commit on a busy 2-core machine): timing hints for Tune's developers, not the user's console.
@@ -396,8 +396,10 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         reporter = TuneReporter(_stop_file(spec, trial_id))
         try:
             fit(config, reporter, tune.get_checkpoint(), int(resources.cpus_per_worker))
-        except DivergenceError as err:  # deterministic: a retry (FailureConfig) would diverge again
-            failure = divergence_report(err)
+        except Exception as err:
+            failure = deterministic_failure(err)  # a retry (FailureConfig) would meet it again
+            if failure is None:
+                raise
             completed.save(key, failure)
             tune.report(failure)
             return

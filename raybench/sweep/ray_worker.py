@@ -135,21 +135,29 @@ def fit(config: dict[str, Any], reporter: Callback, checkpoint: Optional[Any], t
         trainer.fit(resume_from=Path(directory))
 
 
-def divergence_report(err: Exception) -> dict[str, Any]:
-    """The failure as a last report (Train would otherwise retry a deterministic divergence); the search
-    metric is NaN because Tune insists every result carries it. The driver then fails the trial."""
-    return {FAILURE_KEY: f"diverged: {err}", SEARCH_METRIC: float("nan")}
+def deterministic_failure(err: Exception) -> Optional[dict[str, Any]]:
+    """The last report of a failure a retry would meet again (a divergence, an unreadable input file), or
+    None for any other error. Train would otherwise retry it from a checkpoint; the search metric is NaN
+    because Tune insists every result carries it. The driver then fails the trial with this reason."""
+    from raybench.data.base import InputReadError
+    from raybench.trainer import DivergenceError
+
+    for kind, label in ((DivergenceError, "diverged"), (InputReadError, "unreadable input")):
+        if isinstance(err, kind):
+            return {FAILURE_KEY: f"{label}: {err}", SEARCH_METRIC: float("nan")}
+    return None
 
 
 def train_worker_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train's per-worker function: one raybench trainer per worker."""
-    from raybench.trainer import DivergenceError
-
     try:
         reporter = TrainReporter(loop_config.get("stop_file"))
         fit(loop_config["config"], reporter, ray.train.get_checkpoint(), int(loop_config["threads"]))
-    except DivergenceError as err:  # deterministic: retrying from a checkpoint would diverge again
-        report_failure(divergence_report(err))
+    except Exception as err:
+        failure = deterministic_failure(err)
+        if failure is None:
+            raise
+        report_failure(failure)
 
 
 def report_failure(metrics: dict[str, Any]) -> None:

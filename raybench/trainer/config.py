@@ -54,6 +54,7 @@ class TrainConfig:
     stage_cache: Optional[str] = None
     device: str = "auto"
     eval_batch_size: int = 512
+    prefetch: int = 2  # batches read ahead of the step computing when inputs come from disk; 0: read on demand
     input_size: Optional[int] = None  # images read and models built at N x N (WILDS datasets); None: the dataset's
     hparams: dict[str, Any] = field(default_factory=dict)
 
@@ -100,6 +101,7 @@ class TrainConfig:
             "patience": (self.patience, lambda v: v >= 1, "an integer >= 1"),
             "max_steps_per_epoch": (self.max_steps_per_epoch, lambda v: v >= 1, "an integer >= 1"),
             "eval_batch_size": (self.eval_batch_size, lambda v: v >= 1, "an integer >= 1"),
+            "prefetch": (self.prefetch, lambda v: v >= 0, "an integer >= 0"),
             "input_size": (self.input_size, lambda v: v >= 8, "an integer >= 8"),
             "grad_clip": (self.grad_clip, lambda v: math.isfinite(v) and v > 0, "a finite positive number"),
             "device": (self.device, lambda v: v in ("auto", "cpu") or DEVICE_PATTERN.fullmatch(v) is not None,

@@ -30,7 +30,8 @@ from raybench.algorithms import (
     ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, SamplingPlan, ScoredRows, StageModel, build_algorithm,
 )
 from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
-from raybench.data.base import move_to
+from raybench.data.base import Batch, move_to
+from raybench.data.prefetch import Prefetcher, is_lazy, pinned
 from raybench.models import FeaturizerHead, ModelSpec, build_model
 from raybench.trainer.batches import (
     balanced_batches, cycle_batches, epoch_batches, multiset_batches, steps_per_epoch, weighted_batches,
@@ -167,6 +168,8 @@ class Trainer:
         self.best_state: Optional[dict[str, Tensor]] = None  # the best epoch of the current round
         self.previous_round_state: Optional[dict[str, Tensor]] = None  # the last round's best: the next teacher
         self.final_state: dict[str, Tensor] = {}
+        # Seconds of training steps, and of those the time blocked on reading a batch (benchmarks/data_path.py).
+        self.train_s = self.data_wait_s = 0.0
         self._check_model_files()
 
     # ----- building -------------------------------------------------------------------------
@@ -216,12 +219,44 @@ class Trainer:
         was_training = model.training
         model.eval()
         outputs = []
-        for start in range(0, len(split), self.config.eval_batch_size):
-            x = move_to(split.x[start:start + self.config.eval_batch_size], self.device)
-            with self._autocast():
-                outputs.append(outputs_to_cpu(model(view(x))))
+        size = self.config.eval_batch_size
+        slices = (slice(start, start + size) for start in range(0, len(split), size))
+        with Prefetcher(slices, lambda rows: self._pinned(split.x[rows]), self._prefetch_depth(split)) as chunks:
+            for chunk in chunks:
+                with self._autocast():
+                    outputs.append(outputs_to_cpu(model(view(move_to(chunk, self.device)))))
         model.train(was_training)
         return concat_outputs(outputs)
+
+    # ----- the data path --------------------------------------------------------------------
+    def _prefetch_depth(self, *splits: Optional[Split]) -> int:
+        """How many batches are read ahead: `prefetch` when any input is read from disk; tensors already in
+        memory are indexed on demand (a thread would only add a hand-off to a microsecond read)."""
+        return self.config.prefetch if any(s is not None and is_lazy(s.x) for s in splits) else 0
+
+    def _pinned(self, value: Any) -> Any:
+        return pinned(value) if self.device.type == "cuda" else value
+
+    def _pinned_batch(self, batch: Batch) -> Batch:
+        if self.device.type != "cuda":
+            return batch
+        return dataclasses.replace(batch, x=pinned(batch.x), y=pinned(batch.y), domain=batch.domain.pin_memory(),
+                                   group=batch.group.pin_memory())
+
+    def _step_ids(self, batches: Optional[Iterator[Tensor]],
+                  unlabeled: Optional[Iterator[Tensor]]) -> Iterator[tuple[Optional[Tensor], Optional[Tensor]]]:
+        """This rank's (labeled, unlabeled) example ids of each step of the epoch, drawn in step order."""
+        for _ in range(self.steps_per_epoch):
+            yield (self.shard.take(next(batches)) if batches else None,
+                   self.shard.take(next(unlabeled)) if unlabeled else None)
+
+    def _on_device(self, batch: Optional[Batch]) -> Optional[Batch]:
+        return None if batch is None else batch.to(self.device)
+
+    def _read_step(self, ids: tuple[Optional[Tensor], Optional[Tensor]]) -> tuple[Optional[Batch], Optional[Batch]]:
+        labeled, unlabeled = ids
+        return (None if labeled is None else self._pinned_batch(self.train_split.take(labeled)),
+                None if unlabeled is None else self._pinned_batch(self.unlabeled_split.take(unlabeled)))
 
     def load_model(self, path: str, setting: str) -> FeaturizerHead:
         """A raybench model checkpoint (`best_model.pt`, or a checkpoint folder holding one) that the
@@ -316,6 +351,12 @@ class Trainer:
 
     # ----- the loop ---------------------------------------------------------------------------
     def fit(self, resume_from: Optional[Path] = None) -> FitResult:
+        try:
+            return self._fit(resume_from)
+        finally:
+            self.dataset.release_readers()  # no decode threads outlive the run, whichever way it ends
+
+    def _fit(self, resume_from: Optional[Path]) -> FitResult:
         seed_everything(self.config.seed + self.shard.rank)  # same init is broadcast by DDP; augmentations differ
         resumed = self._load_state(Path(resume_from)) if resume_from else None
         if resumed is not None:
@@ -394,30 +435,37 @@ class Trainer:
     def _train_epoch(self, algorithm: Algorithm, forward: nn.Module, optimizer: torch.optim.Optimizer,
                      schedule: Schedule, generator: torch.Generator, unlabeled: Optional[Iterator[Tensor]]) -> dict[str, float]:
         algorithm.train()
-        accum = self.config.grad_accum
         round_epoch = self.progress.epoch - self.progress.round * self.config.epochs
         sums: dict[str, Tensor] = {}
         batches = None if self.pretext else self._labeled_batches(algorithm.sampling(self.train_split), generator)
         optimizer.zero_grad(set_to_none=True)
-        for i in range(self.steps_per_epoch):
-            step = round_epoch * self.steps_per_epoch + i
-            labeled = self.train_split.take(self.shard.take(next(batches))).to(self.device) if batches else None
-            unlabeled_batch = (self.unlabeled_split.take(self.shard.take(next(unlabeled))).to(self.device)
-                               if unlabeled else None)
-            with self._autocast():
-                out = forward(labeled, unlabeled_batch, step)
-            if not self.shard.all_finite(out.loss):
-                raise DivergenceError(
-                    f"loss is {float(out.loss.detach())} at epoch {self.progress.epoch}, step {step} "
-                    f"({self.config.algorithm}, lr={self.config.lr}); no weights were updated with it"
-                )
-            (out.loss / accum).backward()
-            if (i + 1) % accum == 0 or i + 1 == self.steps_per_epoch:
-                self._optimizer_step(algorithm, optimizer)
-                schedule.step_batch()
-            for key, value in {"loss/total": out.loss.detach(), **out.logs}.items():
-                sums[key] = sums[key] + value.float() if key in sums else value.float()
+        depth = self._prefetch_depth(None if self.pretext else self.train_split,
+                                     self.unlabeled_split if unlabeled else None)
+        started = time.perf_counter()
+        with Prefetcher(self._step_ids(batches, unlabeled), self._read_step, depth) as steps:
+            for i, (labeled, unlabeled_batch) in enumerate(steps):
+                self._train_step(algorithm, forward, optimizer, schedule, sums, round_epoch * self.steps_per_epoch + i,
+                                 self._on_device(labeled), self._on_device(unlabeled_batch))
+            self.data_wait_s += steps.wait_s
+        self.train_s += time.perf_counter() - started
         return {f"train/{k}": float(v) / self.steps_per_epoch for k, v in sums.items()}
+
+    def _train_step(self, algorithm: Algorithm, forward: nn.Module, optimizer: torch.optim.Optimizer, schedule: Schedule,
+                    sums: dict[str, Tensor], step: int, labeled: Optional[Batch], unlabeled_batch: Optional[Batch]) -> None:
+        accum, i = self.config.grad_accum, step % self.steps_per_epoch
+        with self._autocast():
+            out = forward(labeled, unlabeled_batch, step)
+        if not self.shard.all_finite(out.loss):
+            raise DivergenceError(
+                f"loss is {float(out.loss.detach())} at epoch {self.progress.epoch}, step {step} "
+                f"({self.config.algorithm}, lr={self.config.lr}); no weights were updated with it"
+            )
+        (out.loss / accum).backward()
+        if (i + 1) % accum == 0 or i + 1 == self.steps_per_epoch:
+            self._optimizer_step(algorithm, optimizer)
+            schedule.step_batch()
+        for key, value in {"loss/total": out.loss.detach(), **out.logs}.items():
+            sums[key] = sums[key] + value.float() if key in sums else value.float()
 
     def _labeled_batches(self, plan: Optional[SamplingPlan], generator: torch.Generator) -> Iterator[Tensor]:
         """The epoch's global labeled batches: a uniform shuffle, or the algorithm's sampling plan."""

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from raybench.data.augment import ImageViews, cutout, random_flip, random_shift_crop
 from raybench.data.base import (
-    LABELED_SPLITS, UNLABELED_SPLITS, Records, ShiftDataset, Split, Task, TaskKind, Views,
+    LABELED_SPLITS, UNLABELED_SPLITS, InputReadError, Records, ShiftDataset, Split, Task, TaskKind, Views,
 )
 from raybench.data.wilds import compat
 from raybench.data.wilds.spec import WildsSpec, load_specs
@@ -152,6 +152,27 @@ PREDICTIONS: dict[TaskKind, Callable[[Any], Any]] = {
 }
 
 
+def _file_of(err: BaseException, raw: Any) -> str:
+    """The file a failed read was about: the decoded image's own name, PIL's `filename`, else the path-like
+    local of the dataset's `get_input` frame that names an existing file (wilds opens and converts inside
+    it), else "an unnamed file"."""
+    for name in (getattr(raw, "filename", None), getattr(err, "filename", None)):
+        if name:
+            return str(name)
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "get_input":
+            for value in tb.tb_frame.f_locals.values():
+                if isinstance(value, (str, os.PathLike)) and os.path.isfile(value):
+                    return str(value)
+        tb = tb.tb_next
+    return "an unnamed file"
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
 class WildsInputs:
     """The inputs of one wilds subset, read on demand: `inputs[ids]` is the collated batch."""
 
@@ -170,13 +191,25 @@ class WildsInputs:
         return self.kind.collate(examples)
 
     def _read(self, idx: Any) -> Any:
-        return self.kind.read(self.spec, self.dataset.get_input(int(idx)))
+        """One example, decoded; a file that cannot be read or decoded is an InputReadError naming it."""
+        try:
+            raw = self.dataset.get_input(int(idx))
+            return self.kind.read(self.spec, raw)
+        except (OSError, ValueError, SyntaxError) as err:  # what PIL and numpy raise on a bad file
+            raise InputReadError(f"{self.spec.name} example {int(idx)}: cannot read "
+                                 f"{_file_of(err, locals().get('raw'))}: {_one_line(err)}") from err
 
     def _executor(self) -> ThreadPoolExecutor:
         """Decoding overlaps across threads (PIL and numpy release the GIL); created lazily per process."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=f"raybench-{self.spec.name}")
         return self._pool
+
+    def close(self) -> None:
+        """Join the decode threads; the next read starts a new pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def resized(self, shape: tuple[int, ...]) -> "WildsInputs":
         return WildsInputs(self.dataset, self.indices, dataclasses.replace(self.spec, input_shape=shape), self.workers)
