@@ -4,15 +4,31 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo check clean
+LOCK := requirements.lock
+
+.PHONY: setup test demo check clean lock
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Exactly the versions of requirements.lock (pip and setuptools included), then raybench itself without
+# resolving anything again; `pip check` fails if the lock no longer satisfies pyproject.toml's ranges.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps -e '.[test]'
+	$(BIN)/python -m pip check
 	touch $(STAMP)
+
+# Refresh requirements.lock: resolve pyproject.toml's ranges in a fresh environment and freeze it.
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade pip
+	.lock-venv/bin/python -m pip install --quiet -e '.[test]'
+	{ echo "# Exact versions \`make setup\` and CI install; refresh with \`make lock\` after changing pyproject.toml."; \
+	  .lock-venv/bin/python -m pip freeze --all --exclude-editable | LC_ALL=C sort -f; } > $(LOCK).tmp
+	mv $(LOCK).tmp $(LOCK)
+	rm -rf .lock-venv
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -278,24 +278,39 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from raybench.sweep.report import render
 
     print(render(summary, "table"))
-    uri = redact_uri(prepared.tracking_uri)
-    if uri.startswith(("http://", "https://")):
-        print(f"\nMLflow: open {uri} (experiment 'raybench', run '{prepared.name}')")
-    else:
-        print(f"\nMLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   (then open http://127.0.0.1:5000)")
+    print(f"\nMLflow: {mlflow_hint(redact_uri(prepared.tracking_uri), summary.get('mlflow', {}))}")
     return 0
+
+
+def mlflow_hint(uri: str, ids: dict[str, str]) -> str:
+    """Where to look at the sweep: its parent run's page on the server, or how to start a UI on a local store."""
+    from raybench.tracking import ui_link
+
+    if uri.startswith(("http://", "https://")):
+        server, prefix = uri, "open "
+    else:
+        server, prefix = "http://127.0.0.1:5000", f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open "
+    return prefix + (ui_link(server, ids["experiment_id"], ids["run_id"]) if ids else server)
 
 
 # ----- raybench results -------------------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
     from raybench.sweep.report import render
-    from raybench.tracking import TrackingError, default_tracking_uri, load_sweep_results
+    from raybench.paths import writable_dir_problem
+    from raybench.tracking import TrackingError, default_tracking_uri, download_plots, load_sweep_results
 
+    problem = writable_dir_problem(Path(args.plots)) if args.plots else None
+    if problem:
+        raise UsageError(f"--plots: {problem}")
+    uri = args.tracking_uri or default_tracking_uri()
     try:
-        summary = load_sweep_results(args.tracking_uri or default_tracking_uri(), args.name)
+        summary = load_sweep_results(uri, args.name)
+        written = download_plots(uri, summary["mlflow_run_id"], Path(args.plots)) if args.plots else []
     except TrackingError as err:
         raise UsageError(f"results: {err}") from None
     print(render(summary, args.format))
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -387,6 +402,7 @@ def add_sweep_parser(sub: Any) -> None:
     r.add_argument("name")
     r.add_argument("--format", choices=["table", "csv", "json"], default="table")
     r.add_argument("--tracking-uri")
+    r.add_argument("--plots", metavar="DIR", help="also copy the sweep's figures (PNG) into DIR")
     r.set_defaults(run=cmd_results)
 
 

@@ -48,6 +48,12 @@ STATE_TAG = "raybench.state"  # running, interrupted, finished, failed: what `ra
 DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the sweep, to tell a dead one
 RESUME_TAG = "raybench.resume_command"
 BLIND_TAG = "raybench.selection_blind"
+# MLflow 3's UI opens an experiment of this kind on its runs table (nested trials under the sweep), where an
+# untagged one lands on the GenAI traces overview ("No data available").
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+DESCRIPTION_TAG = "mlflow.note.content"  # the run page's Description panel (Markdown)
+DESCRIPTION_LIMIT = 8000  # MLflow's longest run tag value (MAX_TAG_VAL_LENGTH)
 MAX_PARAM_LENGTH = 6000
 # Tracking-store schemes MLflow ships (a "+driver" suffix is allowed: postgresql+psycopg2://...).
 SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
@@ -183,6 +189,23 @@ def base_tags(dataset: str, algorithm: str) -> dict[str, str]:
     return tags
 
 
+def ui_link(server: str, experiment_id: str, run_id: Optional[str] = None) -> str:
+    """The MLflow UI page of a run (or of the experiment's runs) in the model-training view: MLflow 3's UI
+    otherwise opens in its GenAI view, on traces this experiment does not have."""
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{server.rstrip('/')}/{page}?workflowType=machine_learning"
+
+
+def run_description(markdown: str, limit: int = DESCRIPTION_LIMIT) -> str:
+    """`markdown` as a run description: whole when it fits MLflow's tag limit, else cut at a line end with a
+    pointer to the full text (the summary artifact), so the selected config and the table always show."""
+    if len(markdown) <= limit:
+        return markdown
+    tail = "\n\n(cut here to fit MLflow's description limit; the whole summary is the artifact summary.md)\n"
+    cut = markdown.rfind("\n", 0, limit - len(tail))
+    return markdown[:max(cut, 0)] + tail
+
+
 def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     flat: dict[str, str] = {}
     for key, value in values.items():
@@ -215,13 +238,18 @@ class SweepTracker:
         self.parent_id: Optional[str] = None
 
     def _experiment(self, name: str) -> str:
+        """The experiment's id, created as a model-training experiment (or marked one, if an older raybench
+        made it), so that the MLflow UI opens on its runs."""
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            if EXPERIMENT_KIND_TAG not in found.tags:
+                self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
             return found.experiment_id
         location = None
         if self.uri.startswith("sqlite:"):  # keep artifacts next to the database, not in the cwd of whoever reads
             location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        return self.client.create_experiment(name, artifact_location=location,
+                                             tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
 
     def _find(self, filter_string: str) -> Optional[Any]:
         runs = self.client.search_runs([self.experiment_id], filter_string, max_results=1, order_by=["attributes.start_time DESC"])
@@ -268,9 +296,11 @@ class SweepTracker:
         self.client.log_artifact(run_id or self.parent_id, str(file), artifact_path)
 
     def log_summary(self, markdown: str, metrics: Mapping[str, float]) -> None:
-        """The sweep's short markdown summary and its headline numbers, on the parent run."""
+        """The sweep's short markdown summary (an artifact, and the parent run's description in the UI) and its
+        headline numbers, on the parent run."""
         assert self.parent_id is not None
         self.client.log_text(self.parent_id, markdown, "summary.md")
+        self.client.set_tag(self.parent_id, DESCRIPTION_TAG, run_description(markdown))
         self._log(self.parent_id, metrics=numeric_metrics(metrics))
 
     # ----- child runs (trials and replicates) --------------------------------------------------
@@ -337,6 +367,22 @@ class SweepTracker:
             found += runs
             frontier = [run.info.run_id for run in runs] if nested else []
         return found
+
+
+    def selection_curves(self, metric: str, trial_id: str) -> list[tuple[str, list[int], list[float]]]:
+        """(label, epochs, values) of `metric` per epoch for the search run of `trial_id`, then every replicate."""
+        curves = []
+        for run in sorted(self.children(), key=lambda r: (r.data.tags.get("stage") != "search", r.info.start_time)):
+            tags = run.data.tags
+            if tags.get("stage") == "search" and tags.get("trial_id") == trial_id:
+                label = f"selected trial {trial_id}"
+            elif tags.get("stage") == "replicate":
+                label = f"replicate, seed {tags.get('seed', '?')}"
+            else:
+                continue
+            history = sorted(self.client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
+            curves.append((label, [m.step for m in history], [m.value for m in history]))
+        return curves
 
 
 # ----- a NeWT-style task suite ---------------------------------------------------------------------------
@@ -428,6 +474,22 @@ def sweep_state(parent: Any) -> SweepState:
     elif parent.info.status == "RUNNING":
         state = "running"
     return SweepState(state, tags.get(RESUME_TAG))
+
+
+def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
+    """The sweep's figures (the parent run's artifact folder `plots`) copied into `directory`."""
+    client = MlflowClient(tracking_uri=credentials_to_environment(uri))
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            found = Path(client.download_artifacts(parent_id, "plots", tmp))
+        except Exception:  # MLflow raises several types for a missing artifact
+            raise TrackingError("this sweep has no plots (it ended before its results were recorded)") from None
+        directory.mkdir(parents=True, exist_ok=True)
+        copies = []
+        for png in sorted(found.glob("*.png")):
+            (directory / png.name).write_bytes(png.read_bytes())
+            copies.append(directory / png.name)
+    return copies
 
 
 def load_sweep_results(uri: str, name: str) -> dict[str, Any]:

@@ -64,6 +64,8 @@ def tiny_dataset() -> ShiftDataset:
 
 # ----- processes the tests start: private temp dirs, stopped by their own paths ------------------------
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -204,3 +206,32 @@ def tiny_text_dataset():
         defaults=TrainDefaults(model="distilbert", optimizer="adamw", lr=1e-4, batch_size=16, epochs=1,
                                algorithm_hparams={"mlm": {"pretrain_steps": 2}}),
         views=_identity_views(), domain_names=("d0",), input_shape=(32,)), capabilities=frozenset({"features", "text"}))
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real MLflow server on 127.0.0.1 (it ignores the basic-auth header a URI with credentials sends)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+                             "--artifacts-destination", str(tmp_path / "server-artifacts")],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            assert proc.poll() is None, "the MLflow server exited during start-up"
+            time.sleep(0.5)
+    else:
+        raise AssertionError("the MLflow server did not listen within 120 s")
+    yield f"http://127.0.0.1:{port}"
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -106,6 +106,11 @@ def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
     artifacts = {a.path for a in client.list_artifacts(parent, "results")}
     assert {"results/summary.json", "results/trials.csv", "results/trials.parquet", "results/replicates.parquet"} <= artifacts
     assert [a.path for a in client.list_artifacts(parent, "selected_checkpoint")] == ["selected_checkpoint/best_model.pt"]
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
+    assert {a.path for a in client.list_artifacts(parent, "plots")} == {
+        "plots/search.png", "plots/curves.png", "plots/id_vs_ood.png"}
+    description = parents[0].data.tags["mlflow.note.content"]
+    assert f"Selected trial `{smoke_sweep['summary']['selected']['trial_id']}`" in description
 
 
 def test_results_command_reads_the_sweep_back(smoke_sweep):
@@ -119,6 +124,9 @@ def test_results_command_reads_the_sweep_back(smoke_sweep):
     assert "OOD test" in table.stdout and "ID test" in table.stdout and data["selected"]["trial_id"] in table.stdout
     csv = run_cli(["results", "smoke", "--format", "csv", "--tracking-uri", uri], env, workdir)
     assert csv.stdout.splitlines()[0].startswith("trial_id,status,selection_value") and len(csv.stdout.splitlines()) == 3
+    figures = run_cli(["results", "smoke", "--plots", str(workdir / "figures"), "--tracking-uri", uri], env, workdir)
+    assert figures.returncode == 0, figures.stderr
+    assert sorted(p.name for p in (workdir / "figures").iterdir()) == ["curves.png", "id_vs_ood.png", "search.png"]
     missing = run_cli(["results", "nope", "--tracking-uri", uri], env, workdir)
     assert missing.returncode == 2 and "no sweep named 'nope'" in missing.stderr
 

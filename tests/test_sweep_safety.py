@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, run_cli
+from conftest import run_cli
 from raybench.sweep import results
 from raybench.tracking import SweepTracker, load_sweep_results, redact_uri
 
@@ -68,35 +64,6 @@ def test_a_divergence_is_recorded_once_not_retried(tmp_path, sweep_env):
     assert attempts == 1, f"the diverging trial ran {attempts} times"
     [child] = [r for r in _runs(uri) if r.data.tags.get("stage") == "search"]
     assert child.info.status == "FAILED" and child.data.tags["failure_reason"].startswith("diverged")
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """A real MLflow server on 127.0.0.1 (it ignores the basic-auth header a URI with credentials sends)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
-                             "--artifacts-destination", str(tmp_path / "server-artifacts")],
-                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            assert proc.poll() is None, "the MLflow server exited during start-up"
-            time.sleep(0.5)
-    else:
-        raise AssertionError("the MLflow server did not listen within 120 s")
-    yield f"http://127.0.0.1:{port}"
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_credentials_never_appear_in_params_tags_logs_or_console(tmp_path, sweep_env, mlflow_server):

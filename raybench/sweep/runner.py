@@ -261,6 +261,11 @@ def _sweep_params(prepared: Prepared) -> dict[str, Any]:
             "space.fixed": prepared.space.fixed, "space.lr_center": prepared.space.lr_center}
 
 
+def space_scales(space: ResolvedSpace) -> dict[str, str]:
+    """How each searched hyperparameter is sampled, as a plot axis: log, linear or categorical."""
+    return {name: param.scale for name, param in space.search.items()}
+
+
 def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: Optional[dict[str, Any]],
              replicates: list[dict[str, Any]], seeds: list[int], seconds: float, state: str = "finished") -> dict[str, Any]:
     def public(record: dict[str, Any]) -> dict[str, Any]:
@@ -273,6 +278,7 @@ def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: Optiona
         "dataset": prepared.options.dataset,
         "algorithm": prepared.algorithm,
         "space": str(prepared.options.space),
+        "space_scales": space_scales(prepared.space),
         "raybench_version": raybench.__version__,
         "selection": {"strategy": prepared.options.selection, "metric": prepared.selection_metric,
                       "label": prepared.selection_label},
@@ -290,9 +296,22 @@ def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: Optiona
     }
 
 
+def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any]) -> None:
+    """The sweep's figures (raybench.sweep.plots) under `<storage>/<name>/plots` and on the parent run."""
+    from raybench.sweep import plots  # matplotlib is imported when a sweep ends, not when the CLI starts
+
+    selected = summary.get("selected")
+    curves = [plots.Curve(*curve) for curve in tracker.selection_curves(prepared.selection_metric, selected["trial_id"])] \
+        if selected else []
+    directory = prepared.storage / prepared.name / "plots"
+    plots.save(plots.sweep_figures(summary, summary["space_scales"], curves), directory)
+    tracker.log_artifacts(directory, "plots")
+
+
 def _record(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any], trials: list[dict[str, Any]],
             replicates: list[dict[str, Any]], selected: Optional[dict[str, Any]]) -> None:
     """Results as CSV, Parquet, JSON and markdown, next to the Tune runs and on the parent MLflow run."""
+    summary["mlflow"] = {"experiment_id": tracker.experiment_id, "run_id": tracker.parent_id}
     directory = prepared.storage / prepared.name / "results"
     tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates))
     tracker.log_artifacts(directory, "results")
@@ -302,6 +321,7 @@ def _record(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any], 
                      for name, value in totals.items()})
     headline["wall_seconds"] = summary["wall_seconds"]
     tracker.log_summary(tables.markdown(summary), headline)
+    _log_plots(prepared, tracker, summary)
     checkpoint = Path(selected["checkpoint"]) / "best_model.pt" if selected and selected.get("checkpoint") else None
     if checkpoint is not None and checkpoint.is_file():
         tracker.log_artifact(checkpoint, "selected_checkpoint")

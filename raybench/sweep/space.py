@@ -48,6 +48,11 @@ class Param:
     values: tuple[Any, ...] = ()
     decades: float = 1.0
 
+    @property
+    def scale(self) -> str:
+        """How the values are spread, as a plot axis: log, linear or categorical."""
+        return {"loguniform": "log", "lr": "log", "uniform": "linear"}.get(self.distribution, "categorical")
+
 
 @dataclass(frozen=True)
 class Derived:

@@ -1,0 +1,178 @@
+"""A sweep's figures, drawn by matplotlib from its summary records (and, for learning curves, per-epoch values).
+
+Three per sweep, each a PNG beside the results and an MLflow artifact of the parent run:
+
+- `search.png`: the selection metric against each searched hyperparameter, one point per trial (log axes where
+  the space samples log-uniformly), the selected trial marked: was the range wide enough, is the optimum inside?
+- `curves.png`: the selection metric per epoch of the selected trial and of its replicates: did training converge,
+  is the selected epoch a fluke?
+- `id_vs_ood.png`: ID against OOD test of every trial and replicate (Miller et al.'s "accuracy on the line" view):
+  does a better ID model also move OOD?
+
+Drawing functions return the matplotlib Figure so tests can read the plotted data back; `save` writes and closes.
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a cluster node
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
+
+LOG, LINEAR, CATEGORICAL = "log", "linear", "categorical"  # Param.scale's names (raybench.sweep.space)
+SPLIT_LABELS = {"id_test": "ID test", "id_val": "ID val", "test": "OOD test", "val": "OOD val"}
+SELECTED_STYLE = {"marker": "*", "s": 220, "color": "tab:red", "edgecolors": "black", "zorder": 3}
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One run's selection metric per epoch."""
+
+    label: str
+    epochs: Sequence[int]
+    values: Sequence[float]
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _title(summary: Mapping[str, Any], what: str) -> str:
+    return f"{summary['name']}: {summary['algorithm']} on {summary['dataset']} — {what}"
+
+
+def _percent_label(split: str, metric: str) -> str:
+    return f"{split} {metric} (%)"
+
+
+def search_figure(summary: Mapping[str, Any], scales: Mapping[str, str]) -> Figure:
+    """Selection value against each searched hyperparameter; trials without a value are left out."""
+    names = sorted({name for trial in summary["trials"] for name in trial["sampled"]})
+    columns = max(len(names), 1)
+    figure, axes = plt.subplots(1, columns, figsize=(max(4.2 * columns, 7.0), 4.2), squeeze=False)
+    metric = summary["selection"]["metric"]
+    selected = (summary.get("selected") or {}).get("trial_id")
+    scored = [t for t in summary["trials"] if _finite(t.get("selection_value"))]
+    for ax, name in zip(axes[0], names):
+        points = [(t["sampled"][name], 100 * t["selection_value"], t["trial_id"] == selected)
+                  for t in scored if name in t["sampled"]]
+        xs = _positions(ax, [x for x, _, _ in points], scales.get(name))
+        ax.scatter(xs, [y for _, y, _ in points], color="tab:blue", alpha=0.8, label="trial")
+        best = [(x, y) for x, (_, y, is_selected) in zip(xs, points) if is_selected]
+        if best:
+            ax.scatter([best[0][0]], [best[0][1]], label="selected", **SELECTED_STYLE)
+        if scales.get(name) == LOG and xs:
+            _log_axis(ax, min(xs), max(xs))
+        ax.set_xlabel(f"{name} ({scales.get(name, LINEAR)} scale)")
+        ax.set_ylabel(_percent_label("best", metric))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    figure.suptitle(textwrap.fill(_title(summary, f"{metric} per trial against each searched hyperparameter"),
+                                  width=int(11 * figure.get_figwidth())), fontsize="medium")
+    figure.tight_layout()
+    return figure
+
+
+def _log_axis(ax: Any, low: float, high: float) -> None:
+    """A log x axis with room around the points and labels at 1, 2 and 5 x 10^k only, so a narrow range (a
+    factor of 2) still shows readable ticks instead of overlapping minor labels."""
+    ax.set_xscale("log")
+    ax.set_xlim(low / 1.6, high * 1.6)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _positions(ax: Any, values: list[Any], scale: Optional[str]) -> list[float]:
+    """x positions of sampled values: the values themselves, or for a choice, evenly spaced ticks labelled with
+    the choices in sorted order (so 3, 7, 15 sit side by side, and strings work too)."""
+    if scale != CATEGORICAL and all(_finite(v) for v in values):
+        return [float(v) for v in values]
+    choices = sorted(set(values), key=lambda v: (not _finite(v), v if _finite(v) else str(v)))
+    ax.set_xticks(range(len(choices)), [str(c) for c in choices])
+    ax.set_xlim(-0.5, len(choices) - 0.5)
+    return [float(choices.index(v)) for v in values]
+
+
+def curves_figure(summary: Mapping[str, Any], curves: Sequence[Curve]) -> Figure:
+    """The selection metric per epoch, one line per run (the selected trial, then its replicates)."""
+    figure, ax = plt.subplots(figsize=(6.4, 4.2))
+    metric = summary["selection"]["metric"]
+    for curve in curves:
+        ax.plot(list(curve.epochs), [100 * v for v in curve.values], marker="o", label=curve.label)
+    ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(_percent_label("", metric).strip())
+    ax.set_title(_title(summary, "learning curves of the selected config"), fontsize="medium")
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+def id_ood_keys(summary: Mapping[str, Any]) -> Optional[tuple[str, str, str]]:
+    """(ID key, OOD key, metric) of the headline metric: ID test if the dataset has it, else ID val."""
+    runs = [*summary["trials"], *summary["replicates"]["runs"]]
+    keys = set().union(*(r.get("metrics", {}) for r in runs)) if runs else set()
+    for metric in summary.get("metric_names", ()):
+        for id_split in ("id_test", "id_val"):
+            if f"best/{id_split}/{metric}" in keys and f"best/test/{metric}" in keys:
+                return f"best/{id_split}/{metric}", f"best/test/{metric}", metric
+    return None
+
+
+def id_ood_figure(summary: Mapping[str, Any]) -> Optional[Figure]:
+    """ID against OOD test of every trial (circles) and replicate (triangles); None without both splits."""
+    keys = id_ood_keys(summary)
+    if keys is None:
+        return None
+    id_key, ood_key, metric = keys
+    figure, ax = plt.subplots(figsize=(5.6, 4.8))
+    for runs, style in ((summary["trials"], {"marker": "o", "label": "search trial"}),
+                        (summary["replicates"]["runs"], {"marker": "^", "label": "replicate of the selected config"})):
+        points = [(100 * r["metrics"][id_key], 100 * r["metrics"][ood_key]) for r in runs
+                  if _finite(r.get("metrics", {}).get(id_key)) and _finite(r.get("metrics", {}).get(ood_key))]
+        if points:
+            ax.scatter(*zip(*points), alpha=0.8, **style)
+    low, high = ax.get_xlim()
+    ax.plot([low, high], [low, high], color="gray", linestyle="--", linewidth=1, label="OOD = ID")
+    ax.set_xlim(low, high)
+    ax.set_xlabel(_percent_label(SPLIT_LABELS[id_key.split("/")[1]], metric))
+    ax.set_ylabel(_percent_label("OOD test", metric))
+    ax.set_title(_title(summary, "ID against OOD"), fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+def sweep_figures(summary: Mapping[str, Any], scales: Mapping[str, str], curves: Sequence[Curve]) -> dict[str, Figure]:
+    """Every figure of one sweep, by file name."""
+    figures = {"search.png": search_figure(summary, scales), "curves.png": curves_figure(summary, curves)}
+    id_ood = id_ood_figure(summary)
+    if id_ood is not None:
+        figures["id_vs_ood.png"] = id_ood
+    return figures
+
+
+def save(figures: Mapping[str, Figure], directory: Path) -> list[Path]:
+    """Write each figure as a PNG under `directory` (atomically: a reader never sees half a file) and close it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, figure in figures.items():
+        path = directory / name
+        partial = path.with_suffix(".png.partial")
+        figure.savefig(partial, dpi=120, format="png")
+        plt.close(figure)
+        partial.replace(path)
+        written.append(path)
+    return written

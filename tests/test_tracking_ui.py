@@ -1,0 +1,40 @@
+"""What the MLflow UI shows: a model-training experiment (opens on the runs) and the sweep's summary as the
+parent run's description."""
+from __future__ import annotations
+
+from mlflow.tracking import MlflowClient
+
+from raybench.tracking import (
+    DESCRIPTION_LIMIT, DESCRIPTION_TAG, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, SweepTracker, run_description,
+)
+
+
+def test_a_new_experiment_is_a_model_training_one_and_an_old_one_is_marked(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    SweepTracker(uri, experiment="fresh")
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_experiment_by_name("fresh").tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
+    client.create_experiment("made-before")  # as raybench made them before this tag existed
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment_by_name("made-before").tags
+    SweepTracker(uri, experiment="made-before")
+    assert client.get_experiment_by_name("made-before").tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
+
+
+def test_the_summary_becomes_the_parent_runs_description(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = SweepTracker(uri)
+    parent = tracker.start_sweep("s", {}, {})
+    tracker.log_summary("# s: erm on tiny\n\nSelected trial `abc_00003`\n", {"x": 1.0})
+    description = MlflowClient(tracking_uri=uri).get_run(parent).data.tags[DESCRIPTION_TAG]
+    assert "Selected trial `abc_00003`" in description
+
+
+def test_a_long_summary_is_cut_at_a_line_end_under_mlflows_limit():
+    head = "# sweep\n\nSelected trial `t_00001`\n"
+    rows = "".join(f"| `t_{i:05d}` | ok | 0.5 | 1 |\n" for i in range(1000))
+    description = run_description(head + rows)
+    assert len(description) <= DESCRIPTION_LIMIT and description.startswith(head)
+    assert "summary.md" in description.splitlines()[-1]
+    kept = description[len(head):].split("\n\n")[0]
+    assert all(line.startswith("| `t_") and line.endswith("|") for line in kept.splitlines())  # whole rows only
+    assert run_description(head) == head
