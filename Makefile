@@ -10,10 +10,11 @@ LOCK := requirements.lock
 
 setup: $(STAMP)
 
-# Exactly the versions of requirements.lock (pip and setuptools included), then raybench itself without
+# Exactly the versions of requirements.lock (its pip first, then every package), then raybench itself without
 # resolving anything again; `pip check` fails if the lock no longer satisfies pyproject.toml's ranges.
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$$(grep '^pip==' $(LOCK))"
 	$(BIN)/python -m pip install --quiet -r $(LOCK)
 	$(BIN)/python -m pip install --quiet --no-deps -e '.[test]'
 	$(BIN)/python -m pip check
