@@ -487,7 +487,9 @@ def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)
         copies = []
         for png in sorted(found.glob("*.png")):
-            (directory / png.name).write_bytes(png.read_bytes())
+            partial = directory / f".{png.name}.partial"  # a reader of DIR never sees half a figure
+            partial.write_bytes(png.read_bytes())
+            partial.replace(directory / png.name)
             copies.append(directory / png.name)
     return copies
 
