@@ -314,6 +314,116 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def name_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from raybench.paths import writable_dir_problem
+    from raybench.sweep.compare import UnfinishedSweep, compare, render
+    from raybench.tracking import TrackingError, default_tracking_uri, find_sweeps
+
+    plot = Path(args.plot) if args.plot else None
+    problem = None if plot is None else (f"expected a file name ending in .png, got {args.plot!r}"
+                                         if plot.suffix.lower() != ".png" else writable_dir_problem(plot.parent))
+    if problem:
+        raise UsageError(f"--plot: {problem}")
+    try:
+        records = find_sweeps(args.tracking_uri or default_tracking_uri(), args.sweeps, args.dataset, args.algorithms)
+    except TrackingError as err:
+        raise UsageError(f"compare: {err}") from None
+    missing = [name for name in args.sweeps if name not in {r.name for r in records}]
+    if missing or not records:
+        raise UsageError(f"compare: no sweep {'named ' + ', '.join(map(repr, missing)) if missing else 'matches'}"
+                         f"{'' if missing else ' ' + _filter_words(args)} in the tracking store")
+    if args.sweeps:
+        records.sort(key=lambda r: args.sweeps.index(r.name))
+    unfinished = [UnfinishedSweep(r.name, r.dataset, r.algorithm, f"{r.state_line}; no results were recorded yet")
+                  for r in records if r.summary is None]
+    comparison = compare([r.summary for r in records if r.summary], unfinished, args.selection)
+    print(render(comparison, args.format))
+    if plot is not None:
+        for path in _save_comparison_plots(comparison, plot):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _filter_words(args: argparse.Namespace) -> str:
+    words = [f"--dataset {args.dataset}"] if args.dataset else []
+    words += [f"--algorithms {','.join(args.algorithms)}"] if args.algorithms else []
+    return f"({' '.join(words)})" if words else "(the store has no sweeps)"
+
+
+def _save_comparison_plots(comparison: Any, plot: Path) -> list[Path]:
+    """One figure per dataset: PLOT itself for one, PLOT's stem + `-<dataset>` for several."""
+    from raybench.sweep import plots
+
+    several = len(comparison.tables) > 1
+    figures = {(f"{plot.stem}-{t.dataset}.png" if several else plot.name): plots.comparison_figure(t)
+               for t in comparison.tables}
+    return plots.save(figures, plot.parent)
+
+
+# ----- raybench space ---------------------------------------------------------------------------
+def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(the parsed space, the space a sweep with these flags searches), every error one line."""
+    from raybench.data import load_dataset
+    from raybench.sweep.runner import command_line_overrides, sweep_space
+    from raybench.sweep.space import SpaceError, load_space
+    from raybench.trainer import ConfigError, TrainConfig
+
+    try:
+        space = load_space(args.space)
+        dataset = load_dataset(args.dataset)
+        overrides = command_line_overrides(getattr(args, "smoke", False), parse_assignments(getattr(args, "set", [])))
+        TrainConfig.from_flat({"algorithm": space.algorithm, **overrides})
+        return space, sweep_space(space, dataset, overrides)
+    except SpaceError as err:
+        raise UsageError(str(err)) from None
+    except UnknownNameError as err:
+        raise UsageError(f"--dataset: {err}") from None
+    except ConfigError as err:
+        raise UsageError(f"--set {err.key}: {err.detail}") from None
+
+
+def cmd_space_show(args: argparse.Namespace) -> int:
+    from raybench.sweep.authoring import describe
+
+    space, resolved = _space_on_dataset(args)
+    print(describe(space, resolved))
+    return 0
+
+
+def cmd_space_draw(args: argparse.Namespace) -> int:
+    from raybench.sweep.authoring import draw, draws_text
+
+    _, resolved = _space_on_dataset(args)
+    print(draws_text(draw(resolved, args.trials, args.seed), args.format))
+    return 0
+
+
+def add_space_parser(sub: Any) -> None:
+    s = sub.add_parser("space", help="look at a search space: its resolved form, the configs a sweep would draw")
+    space = s.add_subparsers(dest="space_command", required=True, parser_class=_Parser)
+    show = space.add_parser("show", help="the space on a dataset: every distribution and bound, the lr centre r, "
+                                         "fixed and derived values")
+    draw = space.add_parser("draw", help="the exact configs `raybench sweep` with the same flags runs, in order, "
+                                         "without training (random sampler)")
+    for p in (show, draw):
+        p.add_argument("space", help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
+        p.add_argument("--dataset", default="digits-shift")
+    draw.add_argument("--trials", type=positive_int, default=10)
+    draw.add_argument("--seed", type=non_negative_int, default=0, help="the search's seed, as `raybench sweep --seed`")
+    draw.add_argument("--smoke", action="store_true", help="as `raybench sweep --smoke` (its fixed settings)")
+    draw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as `raybench sweep --set`")
+    draw.add_argument("--format", choices=["table", "json"], default="table")
+    show.set_defaults(run=cmd_space_show)
+    draw.set_defaults(run=cmd_space_draw)
+
+
 # ----- raybench data ----------------------------------------------------------------------------
 def _wilds_name(name: str) -> str:
     from raybench.data.wilds.adapter import SPECS
@@ -405,6 +515,18 @@ def add_sweep_parser(sub: Any) -> None:
     r.add_argument("--plots", metavar="DIR", help="also copy the sweep's figures (PNG) into DIR")
     r.set_defaults(run=cmd_results)
 
+    c = sub.add_parser("compare", help="WILDS Table 2 across finished sweeps: methods x ID/OOD, mean ± std over replicates")
+    c.add_argument("--dataset", help="only sweeps on this dataset")
+    c.add_argument("--algorithms", type=name_list, default=(), metavar="A,B", help="only these algorithms (comma-separated)")
+    c.add_argument("--sweeps", type=name_list, default=(), metavar="NAME,NAME",
+                   help="only these sweeps, in this row order (default: every sweep, oldest first)")
+    c.add_argument("--selection", choices=["ood_val", "id_val", "oracle"],
+                   help="only sweeps selected this way (default: all; oracle rows are kept apart and never ranked)")
+    c.add_argument("--format", choices=["table", "csv", "json", "markdown", "latex"], default="table")
+    c.add_argument("--plot", metavar="FILE.png", help="also draw the comparison (mean ± std per method) into this PNG")
+    c.add_argument("--tracking-uri")
+    c.set_defaults(run=cmd_compare)
+
 
 # ----- wiring -------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
@@ -431,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.set_defaults(run=cmd_train)
     add_probe_parsers(sub)
     add_sweep_parser(sub)
+    add_space_parser(sub)
     add_data_parser(sub)
     return parser
 

@@ -496,23 +496,64 @@ def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
 
 def load_sweep_results(uri: str, name: str) -> dict[str, Any]:
     """The parent run of sweep `name` and its `results/summary.json` artifact, with where the sweep stands."""
+    client, experiment_id = _sweep_store(uri)
+    runs = client.search_runs([experiment_id], f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'",
+                              max_results=1)
+    if not runs:
+        raise TrackingError(f"no sweep named {name!r} in the MLflow store at {redact_uri(uri)}")
+    summary = _parent_summary(client, runs[0])
+    if summary is None:
+        raise TrackingError(f"{sweep_state(runs[0]).line(name)}; no results were recorded yet")
+    return summary
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """One sweep found in the store: its summary if it recorded one, else only where it stands."""
+
+    name: str
+    dataset: str
+    algorithm: str
+    state_line: str
+    summary: Optional[dict[str, Any]]
+
+
+def find_sweeps(uri: str, names: tuple[str, ...] = (), dataset: Optional[str] = None,
+                algorithms: tuple[str, ...] = ()) -> list[SweepRecord]:
+    """Every sweep matching the filter, oldest first (the order they were run in), summaries read back."""
+    client, experiment_id = _sweep_store(uri)
+    clauses = ["tags.stage = 'sweep'"] + ([f"tags.dataset = {quoted(dataset)}"] if dataset else [])
+    parents = client.search_runs([experiment_id], " and ".join(clauses), order_by=["attributes.start_time ASC"],
+                                 max_results=50000)
+    records = []
+    for parent in parents:
+        tags = parent.data.tags
+        name = tags.get(SWEEP_TAG, parent.info.run_name)
+        if (names and name not in names) or (algorithms and tags.get("algorithm") not in algorithms):
+            continue
+        records.append(SweepRecord(name, tags.get("dataset", "?"), tags.get("algorithm", "?"),
+                                   sweep_state(parent).line(name), _parent_summary(client, parent)))
+    return records
+
+
+def _sweep_store(uri: str) -> tuple[MlflowClient, str]:
     check_reachable(uri)
-    shown = redact_uri(uri)
     client = MlflowClient(tracking_uri=credentials_to_environment(uri))
     experiment = client.get_experiment_by_name(EXPERIMENT)
     if experiment is None:
-        raise TrackingError(f"no raybench sweeps in the MLflow store at {shown}")
-    runs = client.search_runs([experiment.experiment_id], f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'",
-                              max_results=1)
-    if not runs:
-        raise TrackingError(f"no sweep named {name!r} in the MLflow store at {shown}")
-    parent = runs[0]
+        raise TrackingError(f"no raybench sweeps in the MLflow store at {redact_uri(uri)}")
+    return client, experiment.experiment_id
+
+
+def _parent_summary(client: MlflowClient, parent: Any) -> Optional[dict[str, Any]]:
+    """The sweep's `results/summary.json` with where it stands; None before it recorded results."""
+    name = parent.data.tags.get(SWEEP_TAG, parent.info.run_name)
     state = sweep_state(parent)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = client.download_artifacts(parent.info.run_id, "results/summary.json", tmp)
         except Exception:  # MLflow raises several types for a missing artifact
-            raise TrackingError(f"{state.line(name)}; no results were recorded yet") from None
+            return None
         summary = json.loads(Path(path).read_text())
     summary["mlflow_run_id"] = parent.info.run_id
     summary["mlflow_status"] = parent.info.status

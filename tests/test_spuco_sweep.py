@@ -31,7 +31,7 @@ def _sweep(space: str, executor: str, workdir: Path, data_dir: Path) -> dict:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((workdir / "runs" / space / "results" / "summary.json").read_text())
-    return {"dir": workdir, "client": MlflowClient(tracking_uri=uri), "summary": summary}
+    return {"dir": workdir, "client": MlflowClient(tracking_uri=uri), "summary": summary, "uri": uri, "env": env}
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,29 @@ def test_references_are_trained_once_per_identity(jtt_sweep):
     trained = [r for r in stage_runs if r.data.tags["cached"] == "False"]
     assert len(trained) == len(identities)
     assert len({r.data.params["stage_key"] for r in stage_runs}) == len(identities)
+
+
+def test_results_and_compare_call_spucos_splits_val_and_test_and_show_worst_group_and_average(gb_sweep):
+    """SpuCo has one distribution: its val and test are not OOD, and its paper's table is worst-group and average
+    accuracy on test."""
+    def cli(*args: str) -> str:
+        proc = run_cli([*args, "--tracking-uri", gb_sweep["uri"]], gb_sweep["env"], gb_sweep["dir"])
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    table = cli("results", "gb")
+    assert "OOD" not in table and "selected on val worst-group acc" in table
+    assert [line.split()[0] for line in table.splitlines()[-2:]] == ["test", "val"]
+    compared = json.loads(cli("compare", "--format", "json"))
+    assert [c["label"] for c in compared["tables"][0]["columns"]] == ["test worst-group acc", "test average acc"]
+    cells = gb_sweep["summary"]["replicates"]["summary"]
+    assert compared["rows"][0]["test/worst_group_acc.mean"] == cells["best/test/worst_group_acc"]["mean"]
+    assert "OOD" not in cli("compare")
+
+
+def test_space_draw_shows_exactly_the_grid_configs_the_sweep_ran(gb_sweep):
+    proc = run_cli(["space", "draw", "gb", "--dataset", "spuco-digits", "--smoke", "--trials", "2", "--format", "json"],
+                   gb_sweep["env"], gb_sweep["dir"])
+    assert proc.returncode == 0, proc.stderr
+    ran = sorted(gb_sweep["summary"]["trials"], key=lambda t: t["order"])
+    assert [t["sampled"] for t in json.loads(proc.stdout)] == [t["sampled"] for t in ran]

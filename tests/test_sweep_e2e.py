@@ -5,12 +5,14 @@ runs it; the test then reads what it left in MLflow through MlflowClient.
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 import statistics
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -64,6 +66,14 @@ def test_same_seed_gives_the_same_configs(smoke_sweep, shared_data_dir):
         assert trial["sampled"] == pytest.approx(params)
 
 
+def test_space_draw_shows_exactly_the_configs_the_sweep_ran(smoke_sweep):
+    drawn = run_cli(["space", "draw", "dann", "--smoke", "--seed", str(SEED), "--trials", "2", "--format", "json"],
+                    smoke_sweep["env"], smoke_sweep["dir"])
+    assert drawn.returncode == 0, drawn.stderr
+    ran = sorted(smoke_sweep["summary"]["trials"], key=lambda t: t["order"])
+    assert [t["sampled"] for t in json.loads(drawn.stdout)] == [t["sampled"] for t in ran]  # exactly, not approx
+
+
 def test_selected_trial_has_the_maximum_ood_val_metric(smoke_sweep):
     summary = smoke_sweep["summary"]
     ok = [t for t in summary["trials"] if t["status"] == "ok"]
@@ -101,6 +111,10 @@ def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
         assert "penalty" in run.data.params and "unlabeled_ratio" in run.data.params
         history = client.get_metric_history(run.info.run_id, "val/acc")
         assert sorted(m.step for m in history) == [0, 1]  # one value per epoch
+        short = tags["trial_id"][:8]  # readable names: the searched values, or the replicate's seed
+        expected = (f"replicate {short}: seed {tags['seed']}" if tags["stage"] == "replicate" else
+                    f"search {short}: classifier_lr={float(run.data.params['classifier_lr']):.3g}, ")
+        assert run.info.run_name.startswith(expected), run.info.run_name
     trial_ids = {r.data.tags["trial_id"] for r in children if r.data.tags["stage"] == "search"}
     assert trial_ids == {t["trial_id"] for t in smoke_sweep["summary"]["trials"]}
     artifacts = {a.path for a in client.list_artifacts(parent, "results")}
@@ -172,6 +186,53 @@ def test_the_console_shows_one_progress_line_per_run_and_none_of_tunes_boxes(smo
     assert "wall time" in stdout and "Compute: search 2 runs" in stdout
 
 
+def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_path, sweep_env):
+    """A second smoke sweep (ERM, function trials) beside the DANN one, in a copy of its store; `compare` must
+    give each sweep's own `results` numbers in every format, and draw the figure."""
+    import shutil
+
+    from pylatexenc.latexwalker import LatexWalker
+
+    from raybench.sweep.results import fmt
+
+    shutil.copy(smoke_sweep["dir"] / "mlflow.db", tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    second = run_cli(["sweep", "erm", "--smoke", "--executor", "function", "--name", "smoke-erm", "--storage",
+                      str(tmp_path / "runs"), "--tracking-uri", uri], sweep_env, tmp_path)
+    assert second.returncode == 0, second.stderr[-4000:]
+    own = {name: json.loads(run_cli(["results", name, "--format", "json", "--tracking-uri", uri], sweep_env,
+                                    tmp_path).stdout)["replicates"]["summary"] for name in ("smoke", "smoke-erm")}
+
+    def compared(fmt_name: str, *extra: str) -> str:
+        proc = run_cli(["compare", "--format", fmt_name, "--tracking-uri", uri, *extra], sweep_env, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    data = json.loads(compared("json"))
+    assert [r["sweep"] for r in data["rows"]] == ["smoke", "smoke-erm"] and data["unfinished"] == []
+    keys = [c["key"] for c in data["tables"][0]["columns"]]
+    assert keys == ["id_test/acc", "test/acc"]
+    frame = pd.read_csv(io.StringIO(compared("csv")))
+    for row, (_, csv_row) in zip(data["rows"], frame.iterrows()):
+        for key in keys:
+            cell = own[row["sweep"]][f"best/{key}"]
+            assert (row[f"{key}.mean"], row[f"{key}.n"]) == (cell["mean"], cell["n"])
+            assert row[f"{key}.std"] == cell["std"] and csv_row[f"{key}.mean"] == pytest.approx(cell["mean"], rel=1e-12)
+    texts = {fmt_name: compared(fmt_name) for fmt_name in ("table", "markdown", "latex")}
+    for name, cells in own.items():
+        for key in keys:
+            shown = fmt(cells[f"best/{key}"])
+            assert shown in texts["table"] and shown in texts["markdown"]
+            assert shown.replace(" ± ", " $\\pm$ ") in texts["latex"]
+    LatexWalker(texts["latex"], tolerant_parsing=False).get_latex_nodes()
+    assert [r["sweep"] for r in json.loads(compared("json", "--sweeps", "smoke-erm,smoke"))["rows"]] == ["smoke-erm", "smoke"]
+    assert [r["sweep"] for r in json.loads(compared("json", "--algorithms", "erm"))["rows"]] == ["smoke-erm"]
+    compared("table", "--plot", str(tmp_path / "figures" / "compare.png"))
+    assert (tmp_path / "figures" / "compare.png").stat().st_size > 10_000
+    missing = run_cli(["compare", "--sweeps", "nope", "--tracking-uri", uri], sweep_env, tmp_path)
+    assert missing.returncode == 2 and missing.stderr.strip() == "raybench: error: compare: no sweep named 'nope' in the tracking store"
+
+
 def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(tmp_path, sweep_env, shared_data_dir):
     space = tmp_path / "diverge.yaml"
     space.write_text("algorithm: erm\nsearch:\n  lr: {distribution: choice, values: [0.001, 1.0e+20]}\n")
@@ -201,9 +262,6 @@ def _replay(resolved, seed: int, n: int) -> list[dict]:
 
 
 def test_unreachable_tracking_server_fails_fast(tmp_path, sweep_env):
-    import time
-
-    start = time.monotonic()
     proc = run_cli(["sweep", "erm", "--smoke", "--tracking-uri", "http://127.0.0.1:9", "--storage", str(tmp_path / "runs")],
                    sweep_env, tmp_path, timeout=120)
     assert proc.returncode == 2

@@ -38,3 +38,13 @@ def test_a_long_summary_is_cut_at_a_line_end_under_mlflows_limit():
     kept = description[len(head):].split("\n\n")[0]
     assert all(line.startswith("| `t_") and line.endswith("|") for line in kept.splitlines())  # whole rows only
     assert run_description(head) == head
+
+
+def test_run_names_show_the_searched_values_or_the_seed_and_stay_short():
+    from raybench.sweep.ray_backend import MAX_RUN_NAME, readable_run_name
+
+    assert readable_run_name("search", "04b9f3575751", {"lr": 0.0019583, "unlabeled_ratio": 7}, 0) == \
+        "search 04b9f357: lr=0.00196, unlabeled_ratio=7"
+    assert readable_run_name("replicate", "04b9f3575751-seed2871", {"lr": 0.0019583}, 2871) == "replicate 04b9f357: seed 2871"
+    long = readable_run_name("search", "04b9f3575751", {f"hparam_{i}": 0.5 for i in range(30)}, 0)
+    assert len(long) == MAX_RUN_NAME and long.endswith("…")

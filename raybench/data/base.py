@@ -17,6 +17,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 import torch
 from torch import Tensor
 
+from raybench.labels import REPORT_SPLITS, SHIFT_SPLIT_LABELS, column_label
+
 LABELED_SPLITS: tuple[str, ...] = ("train", "id_val", "val", "test", "id_test")
 UNLABELED_SPLITS: tuple[str, ...] = ("train_unlabeled", "val_unlabeled", "test_unlabeled", "extra_unlabeled")
 EVAL_SPLITS: tuple[str, ...] = ("id_val", "val", "test", "id_test")
@@ -225,6 +227,14 @@ def domain_split(name: str, arrays: Mapping[str, Any]) -> Split:
                  domain=domain, group=domain.clone())
 
 
+@dataclass(frozen=True)
+class ReportColumn:
+    """One cell of a results table: a replicate summary key (`test/acc`) and what the table calls it."""
+
+    key: str
+    label: str
+
+
 @dataclass
 class ShiftDataset:
     """A dataset with WILDS-shaped labeled and unlabeled splits plus everything needed to train on it."""
@@ -247,6 +257,10 @@ class ShiftDataset:
     # (the model has a feature vector to align: CORAL, DANN). Text, graphs and detection lack the first;
     # a detector lacks the second.
     capabilities: frozenset[str] = frozenset({"strong_augmentation", "features"})
+    split_labels: Mapping[str, str] = field(default_factory=lambda: dict(SHIFT_SPLIT_LABELS))
+    # The metrics of a comparison table, the first one ranking it (empty: the selection metric's). SpuCo: its
+    # paper's worst-group and average accuracy.
+    report_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         known = set(LABELED_SPLITS) | set(UNLABELED_SPLITS)
@@ -287,6 +301,14 @@ class ShiftDataset:
     def metric_names(self) -> tuple[str, ...]:
         """The metrics every evaluation split reports, by name (what selection and result tables refer to)."""
         return tuple(self.metrics)
+
+    def report_columns(self) -> list["ReportColumn"]:
+        """The cells of this dataset's row in a paper's table: each report metric on the ID and OOD test splits
+        (SpuCo: on its test split), the first one on the last split being what the table ranks methods by."""
+        metrics = self.report_metrics or (self.selection_metric.partition("/")[2],)
+        splits = [s for s in REPORT_SPLITS if s in self.splits]
+        return [ReportColumn(f"{split}/{metric}", column_label(split, metric, self.split_labels))
+                for split in splits for metric in metrics]
 
     @property
     def eval_splits(self) -> list[str]:

@@ -111,6 +111,7 @@ from raybench.data.augment import ImageViews
 from raybench.data.base import ShiftDataset, Split, Task, TaskKind, TrainDefaults, warn_small_groups
 from raybench.data.cache import load_npz_or_rebuild
 from raybench.data.digits_shift import draw_from_pool, generator_for, load_base_digits
+from raybench.labels import GROUP_SPLIT_LABELS
 from raybench.metrics import accuracy, per_group_accuracy, worst_group_accuracy
 
 FORMAT_VERSION = 1
@@ -630,6 +631,8 @@ def build_spuco(base_name: str, settings: SpuCoSettings, data_dir: Path, seed: i
             "group_acc": GroupAccuracy(GROUP_NAMES),
         },
         selection_metric="val/worst_group_acc",
+        split_labels=dict(GROUP_SPLIT_LABELS),
+        report_metrics=("worst_group_acc", "avg_acc"),
         defaults=spec.defaults,
         # No crop: a shift would move the fixed top-left patch and add the variance the presets control.
         views=ImageViews(mean=(0.5,) * 3, std=(0.5,) * 3, crop_pad=0, flip=False, cutout_size=spec.cutout_size,

@@ -9,6 +9,9 @@ Three per sweep, each a PNG beside the results and an MLflow artifact of the par
 - `id_vs_ood.png`: ID against OOD test of every trial and replicate (Miller et al.'s "accuracy on the line" view):
   does a better ID model also move OOD?
 
+And one per comparison (`raybench compare --plot`): every method's mean ± std in each report column (ID and OOD
+test), the best OOD entry starred.
+
 Drawing functions return the matplotlib Figure so tests can read the plotted data back; `save` writes and closes.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import matplotlib
 
@@ -27,8 +30,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
+from raybench.labels import METRIC_LABELS  # noqa: E402
+from raybench.sweep.results import split_labels  # noqa: E402
+
+if TYPE_CHECKING:
+    from raybench.sweep.compare import DatasetTable
+
 LOG, LINEAR, CATEGORICAL = "log", "linear", "categorical"  # Param.scale's names (raybench.sweep.space)
-SPLIT_LABELS = {"id_test": "ID test", "id_val": "ID val", "test": "OOD test", "val": "OOD val"}
 SELECTED_STYLE = {"marker": "*", "s": 220, "color": "tab:red", "edgecolors": "black", "zorder": 3}
 
 
@@ -146,8 +154,9 @@ def id_ood_figure(summary: Mapping[str, Any]) -> Optional[Figure]:
     low, high = ax.get_xlim()
     ax.plot([low, high], [low, high], color="gray", linestyle="--", linewidth=1, label="OOD = ID")
     ax.set_xlim(low, high)
-    ax.set_xlabel(_percent_label(SPLIT_LABELS[id_key.split("/")[1]], metric))
-    ax.set_ylabel(_percent_label("OOD test", metric))
+    labels = split_labels(summary)
+    ax.set_xlabel(_percent_label(labels[id_key.split("/")[1]], metric))
+    ax.set_ylabel(_percent_label(labels["test"], metric))
     ax.set_title(_title(summary, "ID against OOD"), fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
@@ -162,6 +171,38 @@ def sweep_figures(summary: Mapping[str, Any], scales: Mapping[str, str], curves:
     if id_ood is not None:
         figures["id_vs_ood.png"] = id_ood
     return figures
+
+
+def comparison_figure(table: "DatasetTable") -> Figure:
+    """Each method's mean ± std over replicates (error bars) in every report column, side by side; the best
+    entry of the ranking column starred, analysis-only (oracle) rows labelled as such."""
+    from raybench.sweep.compare import BEST
+
+    rows = table.ranked + table.analysis_only
+    figure, ax = plt.subplots(figsize=(max(6.4, 1.0 * len(rows) + 2.5), 4.8))
+    width = 0.7 / max(len(table.columns), 1)
+    for i, column in enumerate(table.columns):
+        offset = (i - (len(table.columns) - 1) / 2) * width
+        points = [(j + offset, cell) for j, row in enumerate(rows) if (cell := row.cells.get(column.key)) is not None]
+        ax.errorbar([x for x, _ in points], [100 * c.mean for _, c in points],
+                    yerr=[100 * c.std if math.isfinite(c.std) else 0.0 for _, c in points],
+                    fmt="o", capsize=4, label=column.label)
+        best = [(x, c) for x, c in points if c.mark == BEST]
+        if best:
+            ax.scatter([best[0][0]], [100 * best[0][1].mean], label=f"best {column.label}", **SELECTED_STYLE)
+    ax.set_xticks(range(len(rows)), [r.method + (" (oracle)" if r.analysis_only else "") for r in rows],
+                  rotation=30, ha="right")
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    if table.analysis_only:  # the oracle rows stand apart: they are not a result of the protocol
+        ax.axvline(len(table.ranked) - 0.5, color="gray", linestyle=":", linewidth=1)
+    metrics = dict.fromkeys(METRIC_LABELS.get(c.key.partition("/")[2], c.key.partition("/")[2]) for c in table.columns)
+    ax.set_ylabel(f"{', '.join(metrics)} (%), mean ± std over replicates")
+    ax.set_xlabel("method (search space), selected on its validation metric")
+    ax.set_title(f"{table.dataset}: methods compared", fontsize="medium")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    return figure
 
 
 def save(figures: Mapping[str, Figure], directory: Path) -> list[Path]:

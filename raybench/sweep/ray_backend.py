@@ -58,7 +58,8 @@ from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 from raybench.sweep.errors import ClusterError  # noqa: E402
 from raybench.sweep.progress import StageProgress  # noqa: E402
-from raybench.sweep.space import Param, ResolvedSpace, run_key  # noqa: E402
+from raybench.sweep.sampling import MAX_REDRAWS, SAMPLERS, config_key, optuna_distribution  # noqa: E402
+from raybench.sweep.space import ResolvedSpace, run_key  # noqa: E402
 from raybench.sweep.results import FAILED, INTERRUPTED, OK, SELECTABLE, STOPPED  # noqa: E402
 from raybench.sweep.ray_worker import (  # noqa: E402
     EPOCHS_DONE, FAILURE_KEY, SEARCH_METRIC, STAGES_KEY, TrainReporter, TrialClock, WorkersReportCallback,
@@ -413,23 +414,21 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
     return tune.with_resources(function_trial, {"cpu": resources.cpus_per_worker, "gpu": resources.gpus_per_worker})
 
 
+MAX_RUN_NAME = 120
+
+
+def readable_run_name(stage: str, key: str, sampled: dict[str, Any], seed: int) -> str:
+    """What the MLflow runs table shows: `search 04b9f357: lr=0.00196, penalty=1.31` or `replicate 04b9f357:
+    seed 2871`. The full id stays in the run's tags (raybench.key, trial_id), which is what raybench looks up."""
+    short = key.split("-seed")[0][:8]
+    if stage == "replicate":
+        return f"replicate {short}: seed {seed}"
+    values = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(sampled.items()))
+    name = f"{stage} {short}: {values}" if values else f"{stage} {short}"
+    return name if len(name) <= MAX_RUN_NAME else name[:MAX_RUN_NAME - 1] + "…"
+
+
 # ----- search spaces -> Optuna ----------------------------------------------------------------------------
-def optuna_distribution(param: Param) -> optuna.distributions.BaseDistribution:
-    if param.distribution == "choice":
-        return optuna.distributions.CategoricalDistribution(list(param.values))
-    assert param.low is not None and param.high is not None
-    return optuna.distributions.FloatDistribution(param.low, param.high, log=param.distribution == "loguniform")
-
-
-SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
-}
-
-
-MAX_REDRAWS = 20
-
-
 class DistinctOptunaSearch(OptunaSearch):
     """Tune's OptunaSearch that does not hand out the same config twice.
 
@@ -447,16 +446,12 @@ class DistinctOptunaSearch(OptunaSearch):
     def suggest(self, trial_id: str) -> Optional[dict]:
         for _ in range(MAX_REDRAWS):
             config = super().suggest(trial_id)
-            if config is None or _config_key(config) not in self._handed_out:
+            if config is None or config_key(config) not in self._handed_out:
                 break
             self._ot_study.tell(self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.PRUNED)
         if config is not None:
-            self._handed_out.add(_config_key(config))
+            self._handed_out.add(config_key(config))
         return config
-
-
-def _config_key(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True, default=str)
 
 
 # ----- experiments -------------------------------------------------------------------------------------------
@@ -581,7 +576,9 @@ class TrackingCallback(tune.Callback):
             key, config = self._key(trial.config)
             tags = {**self.tags, "stage": self.stage, "trial_id": key.split("-seed")[0], "seed": str(config["seed"]),
                     "tune_trial_id": trial.trial_id}
-            self.runs[trial.trial_id] = self.tracker.start_child(key, f"{self.stage}-{key}", config, tags)
+            name = readable_run_name(self.stage, key, {k: v for k, v in trial.config.items() if k in self.space.search},
+                                     config["seed"])
+            self.runs[trial.trial_id] = self.tracker.start_child(key, name, config, tags)
         return self.runs[trial.trial_id]
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from raybench.sweep.progress import duration
-from raybench.sweep.results import compute_line, fmt, nothing_selected, notices
+from raybench.sweep.results import compute_line, fmt, nothing_selected, notices, summary_splits
 
 
 def _json_safe(value: Any) -> Any:
@@ -63,7 +63,7 @@ def table(summary: dict[str, Any]) -> str:
             f"replicates: {rep['ok']}/{len(rep['seeds'])} seeds finished, metrics at each replicate's best-{metric} epoch "
             f"(mean ± std over seeds, %)"]
     rows = []
-    for split, label in (("id_test", "ID test"), ("test", "OOD test"), ("id_val", "ID val"), ("val", "OOD val")):
+    for split, label in summary_splits(summary):
         cells = {m: fmt(rep["summary"].get(f"best/{split}/{m}")) for m in summary["metric_names"]}
         if any(c != "n/a" for c in cells.values()):
             rows.append({"split": label, **cells})

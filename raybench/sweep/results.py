@@ -14,12 +14,25 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from raybench.labels import SHIFT_SPLIT_LABELS
+
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
 STOPPED = "stopped early"  # finished when an early-stopping scheduler (ASHA) asked: selectable on its best epoch
 SELECTABLE = (OK, STOPPED)
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
 COMPUTE_KEYS = {"wall_s": "time/wall_s", "cpu_s": "time/cpu_s", "gpu_s": "time/gpu_s"}
 BLIND = "selection metric constant: selection is blind"
+
+
+def split_labels(summary: dict[str, Any]) -> dict[str, str]:
+    """What this sweep's dataset calls its splits (summaries written before they said so: WILDS's words)."""
+    return dict((summary.get("report") or {}).get("split_labels") or SHIFT_SPLIT_LABELS)
+
+
+def summary_splits(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(split, label) of a replicate table's rows: test splits first, then validation."""
+    labels = split_labels(summary)
+    return [(split, labels[split]) for split in ("id_test", "test", "id_val", "val") if split in labels]
 
 
 def replicate_seeds(trial_id: str, count: int) -> list[int]:
@@ -158,7 +171,7 @@ def _selected_lines(summary: dict[str, Any]) -> list[str]:
     lines += [f"- `{k}` = {v}" for k, v in sorted(sel["sampled"].items())]
     lines += ["", f"Replicates: {rep['ok']} of {len(rep['seeds'])} seeds finished (mean ± std, %):", "",
               "| split | " + " | ".join(summary["metric_names"]) + " |", "|---" * (len(summary["metric_names"]) + 1) + "|"]
-    for split, label in (("id_test", "ID test"), ("test", "OOD test"), ("id_val", "ID val"), ("val", "OOD val")):
+    for split, label in summary_splits(summary):
         cells = [fmt(rep["summary"].get(f"best/{split}/{m}")) for m in summary["metric_names"]]
         if any(c != "n/a" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -10,16 +10,16 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import raybench
-from raybench.data import load_dataset
+from raybench.data import ShiftDataset, load_dataset
 from raybench.paths import inside, name_problem, safe_name, writable_dir_problem
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepExists, SweepInterrupted
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
-from raybench.sweep.space import ResolvedSpace, load_space
+from raybench.sweep.space import ResolvedSpace, SearchSpace, load_space
 from raybench.tracking import RESUME_TAG, SweepTracker, base_tags, check_uri, default_tracking_uri, redact_uri
 
 
@@ -87,6 +87,22 @@ class Prepared:
     tracking_uri: str
     storage: Path
     epochs: int  # a trial's length, where ASHA's last rung lies
+    report: dict[str, Any]  # what result tables call the splits and which cells a comparison shows
+
+
+def command_line_overrides(smoke: bool, extra_fixed: Mapping[str, Any]) -> dict[str, Any]:
+    """--smoke's presets, then --set: the user named the value, so it wins."""
+    return {**(SMOKE_FIXED if smoke else {}), **extra_fixed}
+
+
+def sweep_space(space: SearchSpace, dataset: ShiftDataset, overrides: Mapping[str, Any]) -> ResolvedSpace:
+    """The space a sweep searches: the dataset's version of it, less what the command line fixed (a value set
+    there wins over the space's search and derivation). `raybench space draw` draws from exactly this."""
+    resolved = space.for_dataset(dataset)
+    for name in overrides:
+        resolved.search.pop(name, None)
+        resolved.derived.pop(name, None)
+    return resolved
 
 
 def prepare(options: SweepOptions) -> Prepared:
@@ -100,12 +116,8 @@ def prepare(options: SweepOptions) -> Prepared:
     default_replicates = 2 if options.smoke else (dataset.defaults.replicates or 3)  # camelyon17: 10, as the paper
     replicates = options.replicates if options.replicates is not None else default_replicates
     options = dataclasses.replace(options, trials=trials, replicates=replicates)
-    resolved = space.for_dataset(dataset)
-    smoke = SMOKE_FIXED if options.smoke else {}
-    overrides = {**smoke, **options.extra_fixed}  # --set beats --smoke's presets: the user named the value
-    for name in overrides:  # a value set on the command line wins over the space's search and derivation
-        resolved.search.pop(name, None)
-        resolved.derived.pop(name, None)
+    overrides = command_line_overrides(options.smoke, options.extra_fixed)
+    resolved = sweep_space(space, dataset, overrides)
     storage = Path(options.storage).resolve()
     # Reference models of multi-stage methods, shared by every trial and sweep under this storage.
     resolved.fixed.update({"selection_metric": metric, "seed": options.seed, "stage_cache": str(storage / "stage_cache"),
@@ -124,8 +136,14 @@ def prepare(options: SweepOptions) -> Prepared:
     check_uri(uri)
     name = options.sweep_name(space.algorithm)
     _check_storage_for(name, storage, options.resume)
-    return Prepared(options, name, resolved, space.algorithm, metric, selection.label, list(dataset.metric_names), uri, storage,
-                    dry_run.epochs)
+    return Prepared(options, name, resolved, space.algorithm, metric, selection.label(dataset), list(dataset.metric_names), uri, storage,
+                    dry_run.epochs, report_layout(dataset))
+
+
+def report_layout(dataset: ShiftDataset) -> dict[str, Any]:
+    """Stored with the summary, so `results` and `compare` label a dataset's splits right without loading it."""
+    return {"split_labels": dict(dataset.split_labels),
+            "columns": [dataclasses.asdict(column) for column in dataset.report_columns()]}
 
 
 def check_options(options: SweepOptions) -> None:
@@ -281,8 +299,10 @@ def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: Optiona
         "space_scales": space_scales(prepared.space),
         "raybench_version": raybench.__version__,
         "selection": {"strategy": prepared.options.selection, "metric": prepared.selection_metric,
-                      "label": prepared.selection_label},
+                      "label": prepared.selection_label,
+                      "analysis_only": SELECTIONS.get(prepared.options.selection).analysis_only},
         "metric_names": prepared.metric_names,
+        "report": prepared.report,
         "trials": [public(t) for t in trials],
         "selected": public(selected) if selected else None,
         "replicates": {

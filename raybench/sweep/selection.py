@@ -6,30 +6,36 @@ in-distribution twin; `oracle` peeks at the OOD test split and exists for analys
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Optional
 
 from raybench.data import ShiftDataset
+from raybench.labels import column_label
 from raybench.registry import Registry
 
 
 @dataclass(frozen=True)
 class Selection:
     name: str
-    label: str
-    metric: Callable[[ShiftDataset], str]
+    split: Optional[str]  # None: the dataset's own selection split (its OOD validation, or SpuCo's val)
+    note: str = ""
+    # Peeks at the data the result is reported on: labelled wherever it is shown, never ranked with the others.
+    analysis_only: bool = False
 
+    def metric(self, dataset: ShiftDataset) -> str:
+        if self.split is None:
+            return dataset.selection_metric
+        if self.split not in dataset.eval_splits:
+            raise ValueError(f"dataset {dataset.name!r} has no {self.split!r} split to select on")
+        return f"{self.split}/{dataset.selection_metric.partition('/')[2]}"
 
-def _on_split(split: str) -> Callable[[ShiftDataset], str]:
-    def metric(dataset: ShiftDataset) -> str:
-        name = dataset.selection_metric.partition("/")[2]
-        if split not in dataset.eval_splits:
-            raise ValueError(f"dataset {dataset.name!r} has no {split!r} split to select on")
-        return f"{split}/{name}"
-
-    return metric
+    def label(self, dataset: ShiftDataset) -> str:
+        """In the dataset's own words: `OOD val acc (WILDS protocol)`, `val worst-group acc`, `ORACLE: ...`."""
+        split, _, name = self.metric(dataset).partition("/")
+        words = column_label(split, name, dataset.split_labels)
+        return f"{self.note}: {words}" if self.analysis_only else f"{words}{f' ({self.note})' if self.note else ''}"
 
 
 SELECTIONS: Registry[Selection] = Registry("selection strategy")
-SELECTIONS.register("ood_val")(Selection("ood_val", "OOD validation (WILDS protocol)", lambda d: d.selection_metric))
-SELECTIONS.register("id_val")(Selection("id_val", "ID validation", _on_split("id_val")))
-SELECTIONS.register("oracle")(Selection("oracle", "ORACLE: OOD test (analysis only, not a valid protocol)", _on_split("test")))
+SELECTIONS.register("ood_val")(Selection("ood_val", None))
+SELECTIONS.register("id_val")(Selection("id_val", "id_val"))
+SELECTIONS.register("oracle")(Selection("oracle", "test", "ORACLE (analysis only, not a valid protocol)", analysis_only=True))

@@ -1,0 +1,47 @@
+"""How a search draws its configs, without Ray: Optuna distributions of a space, the samplers, and the rule
+that a search never hands out the same config twice. The sweep's searcher (raybench.sweep.ray_backend) and
+`raybench space draw` both use these, so a drawn table is exactly what a sweep with that seed will run."""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping
+
+import optuna
+
+from raybench.sweep.space import Param
+
+SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+}
+MAX_REDRAWS = 20
+
+
+def optuna_distribution(param: Param) -> optuna.distributions.BaseDistribution:
+    if param.distribution == "choice":
+        return optuna.distributions.CategoricalDistribution(list(param.values))
+    assert param.low is not None and param.high is not None
+    return optuna.distributions.FloatDistribution(param.low, param.high, log=param.distribution == "loguniform")
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True, default=str)
+
+
+def draw_configs(search: Mapping[str, Param], count: int, seed: int) -> list[dict[str, Any]]:
+    """The first `count` configs the random sampler with `seed` hands a sweep, in order, repeats redrawn as
+    the sweep's searcher redraws them. Only the random sampler: TPE's draws depend on the trials' results."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=SAMPLERS["random"](seed), direction="maximize")
+    distributions = {name: optuna_distribution(p) for name, p in search.items()}
+    handed_out: set[str] = set()
+    configs = []
+    for _ in range(count):
+        for _ in range(MAX_REDRAWS):
+            trial = study.ask(fixed_distributions=distributions)
+            if config_key(trial.params) not in handed_out:
+                break
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        handed_out.add(config_key(trial.params))
+        configs.append(dict(trial.params))
+    return configs
