@@ -28,3 +28,5 @@ sweep pseudolabel --set augment=false
 sweep fixmatch
 sweep noisy_student
 sweep swav
+# The table and its figure, as published in the README ("The embedded benchmark table").
+"$RAYBENCH" compare --dataset digits-shift --tracking-uri "$URI" --format markdown --plot "$OUT/digits_shift_table.png"

@@ -24,11 +24,13 @@ def summary(name: str, space: str, cells: dict[str, tuple[float, float]], strate
             dataset: str = "digits-shift", report: dict | None = WILDS_REPORT, state: str = "finished",
             algorithm: str | None = None) -> dict:
     algorithm = algorithm or space.split("_")[0]
+    split = "id_val" if strategy == "id_val" else "val"
     replicate_summary = {f"best/{k}": {"mean": m, "std": s, "n": 3} for k, (m, s) in cells.items()}
     record = {
         "name": name, "state": state, "tracking_state": state, "dataset": dataset, "algorithm": algorithm,
         "space": f"search_spaces/{space}.yaml",
-        "selection": {"strategy": strategy, "metric": "val/acc", "label": f"{strategy} label"},
+        "selection": {"strategy": strategy, "metric": "test/acc" if strategy == "oracle" else f"{split}/acc",
+                      "label": "as the sweep wrote it"},
         "trials": [{"status": "ok"}] * 9 + [{"status": "failed"}],
         "selected": {"trial_id": f"{name}-t0"},
         "replicates": {"seeds": [1, 2, 3], "ok": 3, "summary": replicate_summary},
@@ -76,7 +78,8 @@ def test_the_oracle_is_kept_apart_and_labelled_and_unfinished_sweeps_are_listed(
     assert "Not in the table (unfinished):" in text and "s-half" in text and "s-none: running" in text
     markdown = render(wilds_comparison, "markdown")
     assert "**60.0 ± 2.0**" in markdown and "_58.5 ± 1.0_" in markdown and "- sweep s-none: running" in markdown
-    assert "oracle label" in markdown  # the row says how it was selected
+    assert "| erm_aug | OOD test acc (ORACLE, analysis only) |" in markdown  # each row says how it was selected
+    assert "| dann | OOD val acc |" in markdown
 
 
 def test_csv_and_json_carry_the_unrounded_numbers(wilds_comparison):

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from raybench.labels import SHIFT_SPLIT_LABELS, column_label
-from raybench.sweep.results import fmt
+from raybench.sweep.results import fmt, split_labels
 
 FORMATS = ("table", "csv", "json", "markdown", "latex")
 BEST, WITHIN = "best", "within one std"
@@ -154,12 +154,20 @@ def _row(summary: dict[str, Any], columns: list[Column]) -> MethodRow:
     compute = summary.get("compute") or {}
     return MethodRow(
         method=Path(summary.get("space") or summary["algorithm"]).stem, sweep=summary["name"],
-        algorithm=summary["algorithm"], selection=strategy, selection_label=summary["selection"]["label"],
+        algorithm=summary["algorithm"], selection=strategy, selection_label=_selection_words(summary),
         analysis_only=_analysis_only(summary["selection"]),
         trials=len(summary["trials"]), trials_ok=sum(t["status"] in ("ok", "stopped early") for t in summary["trials"]),
         replicates=len(summary["replicates"]["seeds"]), replicates_ok=int(summary["replicates"]["ok"]), cells=cells,
         **{name: _total(compute, key) for name, key in (("trial_seconds", "wall_s"), ("cpu_seconds", "cpu_s"),
                                                          ("gpu_seconds", "gpu_s"))})
+
+
+def _selection_words(summary: dict[str, Any]) -> str:
+    """`OOD val acc`, `val worst-group acc`, `OOD test acc (ORACLE, analysis only)`: what picked the config, in
+    the dataset's words, the same for summaries written before sweeps labelled their splits."""
+    split, _, metric = summary["selection"]["metric"].partition("/")
+    words = column_label(split, metric, split_labels(summary))
+    return f"{words} (ORACLE, analysis only)" if _analysis_only(summary["selection"]) else words
 
 
 def _analysis_only(selection: dict[str, Any]) -> bool:

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from raybench.sweep.compare import DatasetTable
 
 LOG, LINEAR, CATEGORICAL = "log", "linear", "categorical"  # Param.scale's names (raybench.sweep.space)
+BEST_STYLE = {"marker": "o", "s": 260, "facecolors": "none", "edgecolors": "tab:red", "linewidths": 2, "zorder": 3}
+AXIS_WORDS = {"acc": "accuracy"}
 SELECTED_STYLE = {"marker": "*", "s": 220, "color": "tab:red", "edgecolors": "black", "zorder": 3}
 
 
@@ -188,14 +190,14 @@ def comparison_figure(table: "DatasetTable") -> Figure:
                     yerr=[100 * c.std if math.isfinite(c.std) else 0.0 for _, c in points],
                     fmt="o", capsize=4, label=column.label)
         best = [(x, c) for x, c in points if c.mark == BEST]
-        if best:
-            ax.scatter([best[0][0]], [100 * best[0][1].mean], label=f"best {column.label}", **SELECTED_STYLE)
+        if best:  # a ring, so the error bar inside stays visible
+            ax.scatter([best[0][0]], [100 * best[0][1].mean], label=f"best {column.label}", **BEST_STYLE)
     ax.set_xticks(range(len(rows)), [r.method + (" (oracle)" if r.analysis_only else "") for r in rows],
                   rotation=30, ha="right")
     ax.set_xlim(-0.6, len(rows) - 0.4)
     if table.analysis_only:  # the oracle rows stand apart: they are not a result of the protocol
         ax.axvline(len(table.ranked) - 0.5, color="gray", linestyle=":", linewidth=1)
-    metrics = dict.fromkeys(METRIC_LABELS.get(c.key.partition("/")[2], c.key.partition("/")[2]) for c in table.columns)
+    metrics = dict.fromkeys(AXIS_WORDS.get(m, METRIC_LABELS.get(m, m)) for m in (c.key.partition("/")[2] for c in table.columns))
     ax.set_ylabel(f"{', '.join(metrics)} (%), mean ± std over replicates")
     ax.set_xlabel("method (search space), selected on its validation metric")
     ax.set_title(f"{table.dataset}: methods compared", fontsize="medium")
