@@ -348,6 +348,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if plot is not None:
         for path in _save_comparison_plots(comparison, plot):
             print(f"wrote {path}", file=sys.stderr)
+        if not comparison.tables:
+            print(f"raybench: no figure written to {plot}: no finished sweep matches", file=sys.stderr)
     return 0
 
 

@@ -15,3 +15,14 @@ REPORT_SPLITS: tuple[str, ...] = ("id_test", "test")  # the splits of a paper's 
 def column_label(split: str, metric: str, split_labels: Mapping[str, str]) -> str:
     """`OOD test acc`, `test worst-group acc`."""
     return f"{split_labels.get(split, split)} {METRIC_LABELS.get(metric, metric)}"
+
+
+ORACLE_NOTE = "ORACLE: selected on the test split, analysis only, not a valid protocol"
+
+
+def selection_label(metric: str, split_labels: Mapping[str, str], analysis_only: bool) -> str:
+    """What picked a sweep's config, in its dataset's words: `OOD val acc`, `val worst-group acc`, or `OOD test acc
+    (ORACLE: ...)`. One wording for the sweep's own summary and for `raybench compare`."""
+    split, _, name = metric.partition("/")
+    words = column_label(split, name, split_labels)
+    return f"{words} ({ORACLE_NOTE})" if analysis_only else words

@@ -537,12 +537,25 @@ def find_sweeps(uri: str, names: tuple[str, ...] = (), dataset: Optional[str] = 
 
 
 def _sweep_store(uri: str) -> tuple[MlflowClient, str]:
+    """The store a reading command (`results`, `compare`) reads; a SQLite file that is not there is an error,
+    never a new empty database left behind."""
+    missing = _missing_sqlite_file(uri)
+    if missing is not None:
+        raise TrackingError(f"no MLflow store at {redact_uri(uri)}: {str(missing)!r} does not exist")
     check_reachable(uri)
     client = MlflowClient(tracking_uri=credentials_to_environment(uri))
     experiment = client.get_experiment_by_name(EXPERIMENT)
     if experiment is None:
         raise TrackingError(f"no raybench sweeps in the MLflow store at {redact_uri(uri)}")
     return client, experiment.experiment_id
+
+
+def _missing_sqlite_file(uri: str) -> Optional[Path]:
+    scheme, _, rest = uri.partition(":///")
+    if scheme.split("+")[0] != "sqlite" or not rest or rest == ":memory:":
+        return None
+    path = Path(rest.split("?")[0])
+    return None if path.exists() else path
 
 
 def _parent_summary(client: MlflowClient, parent: Any) -> Optional[dict[str, Any]]:

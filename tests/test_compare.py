@@ -78,7 +78,8 @@ def test_the_oracle_is_kept_apart_and_labelled_and_unfinished_sweeps_are_listed(
     assert "Not in the table (unfinished):" in text and "s-half" in text and "s-none: running" in text
     markdown = render(wilds_comparison, "markdown")
     assert "**60.0 ± 2.0**" in markdown and "_58.5 ± 1.0_" in markdown and "- sweep s-none: running" in markdown
-    assert "| erm_aug | OOD test acc (ORACLE, analysis only) |" in markdown  # each row says how it was selected
+    assert "| erm_aug | OOD test acc (ORACLE: selected on the test split, analysis only, not a valid protocol) |" \
+        in markdown  # each row says how it was selected
     assert "| dann | OOD val acc |" in markdown
 
 

@@ -48,3 +48,15 @@ def test_run_names_show_the_searched_values_or_the_seed_and_stay_short():
     assert readable_run_name("replicate", "04b9f3575751-seed2871", {"lr": 0.0019583}, 2871) == "replicate 04b9f357: seed 2871"
     long = readable_run_name("search", "04b9f3575751", {f"hparam_{i}": 0.5 for i in range(30)}, 0)
     assert len(long) == MAX_RUN_NAME and long.endswith("…")
+
+
+def test_reading_a_missing_sqlite_store_says_so_and_creates_nothing(tmp_path):
+    import pytest
+
+    from raybench.tracking import TrackingError, find_sweeps, load_sweep_results
+
+    uri = f"sqlite:///{tmp_path}/nowhere/mlflow.db"
+    for read in (lambda: find_sweeps(uri), lambda: load_sweep_results(uri, "s")):
+        with pytest.raises(TrackingError, match="no MLflow store at .*nowhere/mlflow.db' does not exist"):
+            read()
+    assert not (tmp_path / "nowhere").exists()

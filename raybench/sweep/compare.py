@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 
-from raybench.labels import SHIFT_SPLIT_LABELS, column_label
+from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
 from raybench.sweep.results import fmt, split_labels
 
 FORMATS = ("table", "csv", "json", "markdown", "latex")
@@ -163,11 +163,8 @@ def _row(summary: dict[str, Any], columns: list[Column]) -> MethodRow:
 
 
 def _selection_words(summary: dict[str, Any]) -> str:
-    """`OOD val acc`, `val worst-group acc`, `OOD test acc (ORACLE, analysis only)`: what picked the config, in
-    the dataset's words, the same for summaries written before sweeps labelled their splits."""
-    split, _, metric = summary["selection"]["metric"].partition("/")
-    words = column_label(split, metric, split_labels(summary))
-    return f"{words} (ORACLE, analysis only)" if _analysis_only(summary["selection"]) else words
+    """What picked the config, in the dataset's words, also for summaries written before sweeps said so."""
+    return selection_label(summary["selection"]["metric"], split_labels(summary), _analysis_only(summary["selection"]))
 
 
 def _analysis_only(selection: dict[str, Any]) -> bool:

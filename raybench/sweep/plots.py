@@ -10,7 +10,7 @@ Three per sweep, each a PNG beside the results and an MLflow artifact of the par
   does a better ID model also move OOD?
 
 And one per comparison (`raybench compare --plot`): every method's mean ± std in each report column (ID and OOD
-test), the best OOD entry starred.
+test), the best OOD entry ringed.
 
 Drawing functions return the matplotlib Figure so tests can read the plotted data back; `save` writes and closes.
 """
@@ -177,7 +177,7 @@ def sweep_figures(summary: Mapping[str, Any], scales: Mapping[str, str], curves:
 
 def comparison_figure(table: "DatasetTable") -> Figure:
     """Each method's mean ± std over replicates (error bars) in every report column, side by side; the best
-    entry of the ranking column starred, analysis-only (oracle) rows labelled as such."""
+    entry of the ranking column ringed, analysis-only (oracle) rows labelled as such."""
     from raybench.sweep.compare import BEST
 
     rows = table.ranked + table.analysis_only

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from raybench.data import ShiftDataset
-from raybench.labels import column_label
+from raybench.labels import selection_label
 from raybench.registry import Registry
 
 
@@ -17,7 +17,6 @@ from raybench.registry import Registry
 class Selection:
     name: str
     split: Optional[str]  # None: the dataset's own selection split (its OOD validation, or SpuCo's val)
-    note: str = ""
     # Peeks at the data the result is reported on: labelled wherever it is shown, never ranked with the others.
     analysis_only: bool = False
 
@@ -29,13 +28,10 @@ class Selection:
         return f"{self.split}/{dataset.selection_metric.partition('/')[2]}"
 
     def label(self, dataset: ShiftDataset) -> str:
-        """In the dataset's own words: `OOD val acc (WILDS protocol)`, `val worst-group acc`, `ORACLE: ...`."""
-        split, _, name = self.metric(dataset).partition("/")
-        words = column_label(split, name, dataset.split_labels)
-        return f"{self.note}: {words}" if self.analysis_only else f"{words}{f' ({self.note})' if self.note else ''}"
+        return selection_label(self.metric(dataset), dataset.split_labels, self.analysis_only)
 
 
 SELECTIONS: Registry[Selection] = Registry("selection strategy")
 SELECTIONS.register("ood_val")(Selection("ood_val", None))
 SELECTIONS.register("id_val")(Selection("id_val", "id_val"))
-SELECTIONS.register("oracle")(Selection("oracle", "test", "ORACLE (analysis only, not a valid protocol)", analysis_only=True))
+SELECTIONS.register("oracle")(Selection("oracle", "test", analysis_only=True))
