@@ -11,7 +11,10 @@ configs one after another in this process. It prints
   slots and Tune/MLflow bookkeeping;
 - the ratio of the two wall times (bare sequential / sweep);
 - per trial, from the timing every run reports: start-up (driver start to the trainer's start) and
-  teardown (last report to the driver's return), mean and range.
+  teardown (last report to the driver's return), mean and range;
+- once per sweep: the seconds before the first trainer started and after the last report, and the
+  CPU-seconds of the sweep process itself (Tune, the searcher, MLflow);
+- how many Ray worker processes the sweep's local Ray started (each a fresh Python importing Ray).
 
 `--ablate` measures the Train executor's start-up savings (raybench.sweep.ray_backend.TrainPath) each on its
 own: one short sweep (`--ablate-trials` trials of `--ablate-epochs` epochs, one at a time so the other slot
@@ -48,9 +51,33 @@ def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root
     options = SweepOptions(space=space, trials=trials, replicates=0, max_concurrent=concurrent, executor=executor,
                            storage=str(root / "runs"), tracking_uri=f"sqlite:///{root}/mlflow.db", name=f"bench-{executor}",
                            extra_fixed=dict(fixed or {}))
-    start = time.perf_counter()
+    global LAST_SWEEP
+    started, cpu, start = time.time(), time.process_time(), time.perf_counter()
     summary = run_sweep(prepare(options))
-    return summary, time.perf_counter() - start
+    wall = time.perf_counter() - start
+    LAST_SWEEP = SweepClock(started, time.time(), time.process_time() - cpu)
+    return summary, wall
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepClock:
+    """When the last sweep started and ended (wall clock, which its trials' reports share on one node) and
+    the CPU-seconds of this process meanwhile: Tune's driver loop, the searcher, MLflow logging."""
+
+    started: float
+    ended: float
+    cpu_s: float
+
+    def phases(self, summary: dict) -> tuple[float, float]:
+        """Seconds before the first trainer started (Ray's and Tune's start, MLflow's set-up) and after the
+        last report (the sweep's summary, tables and figures): paid once per sweep, not per trial."""
+        metrics = [t["metrics"] for t in summary["trials"]]
+        first = min(m.get("time/trainer_started_at", self.ended) for m in metrics)
+        last = max(m.get("time/reported_at", self.started) for m in metrics)
+        return first - self.started, self.ended - last
+
+
+LAST_SWEEP: SweepClock | None = None
 
 
 def run_bare(summary: dict, space_name: str) -> float:
@@ -66,6 +93,13 @@ def run_bare(summary: dict, space_name: str) -> float:
     for trial in summary["trials"]:
         Trainer(TrainConfig.from_flat(prepared.space.materialize(trial["sampled"])), dataset=dataset).fit()
     return time.perf_counter() - start
+
+
+def ray_processes_started() -> int:
+    """Worker processes the last local Ray session started (each writes its own core-worker log): every
+    Ray Train run starts several, each a fresh Python importing Ray."""
+    logs = Path(os.environ.get("RAY_TMPDIR", tempfile.gettempdir())) / "ray" / "session_latest" / "logs"
+    return len(list(logs.glob("python-core-worker-*.log")))
 
 
 def span(values: list[float]) -> str:
@@ -98,7 +132,8 @@ def ablate(args: argparse.Namespace) -> None:
     from raybench.sweep import ray_backend
 
     rays_defaults = ray_backend.TrainPath(reuse_driver=False, health_check_interval_s=2.0,
-                                          process_group_for_one_worker=True, train_extras=True)
+                                          process_group_for_one_worker=True, train_extras=True,
+                                          dataset_manager=True)
     ours = ray_backend.TrainPath()
     variants = [("Ray's defaults", rays_defaults)]
     for field in dataclasses.fields(ray_backend.TrainPath):
@@ -170,6 +205,12 @@ def main() -> None:
         startup, waits, teardown = per_trial_timing(summary)
         print(f"[{executor}] per trial: start-up {span(startup)}, report waits {span(waits)}, teardown {span(teardown)}",
               flush=True)
+        before, after = LAST_SWEEP.phases(summary)
+        print(f"[{executor}] once per sweep: {before:.1f} s before the first trainer started, {after:.1f} s after the "
+              f"last report; the sweep process itself (Tune, searcher, MLflow) used {LAST_SWEEP.cpu_s:.1f} CPU-seconds",
+              flush=True)
+        processes = ray_processes_started()
+        print(f"[{executor}] Ray worker processes started: {processes} ({processes / len(work):.1f} per trial)", flush=True)
 
 
 if __name__ == "__main__":
