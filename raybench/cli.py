@@ -60,6 +60,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     from raybench.data import DATASETS
     from raybench.models import MODELS
 
+    if args.what == "settings":
+        return list_settings(args.algorithm)
+    if args.algorithm is not None:
+        raise UsageError(f"list {args.what}: expected no second argument (only `list settings ALGORITHM` takes one), "
+                         f"got {args.algorithm!r}")
     registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS}
     names = registries[args.what].names()
     width = max(len(n) for n in names)
@@ -67,6 +72,30 @@ def cmd_list(args: argparse.Namespace) -> int:
         entry = registries[args.what].get(name)
         summary = (entry.__doc__ or "").strip().splitlines()[0] if entry.__doc__ else ""
         print(f"{name:{width}s}  {summary}".rstrip())
+    return 0
+
+
+def list_settings(algorithm: Optional[str]) -> int:
+    """Every trainer setting, then the hyperparameters of `algorithm` (of every algorithm when None), as their
+    dataclasses declare them."""
+    from raybench.algorithms import ALGORITHMS
+    from raybench.settings import settings_of, settings_table
+    from raybench.sweep.runner import OWN_FLAGS
+    from raybench.trainer import TrainConfig
+
+    try:
+        names = [ALGORITHMS.get(algorithm).name] if algorithm is not None else ALGORITHMS.names()
+    except UnknownNameError as err:
+        raise UsageError(f"list settings: {err}") from None
+    trainer = [s for s in settings_of(TrainConfig) if s.name != "hparams"]
+    own_flags = {name: f"a sweep sets it: {flag}" for name, flag in OWN_FLAGS.items()}
+    tables = [settings_table("trainer settings (--set KEY=VALUE; a search space's search, fixed, derived)", trainer,
+                             own_flags)]
+    tables += [settings_table(f"{name} hyperparameters ({ALGORITHMS.get(name).Hparams.__name__})",
+                              settings_of(ALGORITHMS.get(name).Hparams), {}) for name in names]
+    print("\n\n".join(tables))
+    print("\nDefaults are the dataclasses'; a dataset may supply its own value for any hyperparameter (its "
+          "algorithm_hparams).\n`raybench space show SPACE --dataset D` prints a space's values on a dataset.")
     return 0
 
 
@@ -232,6 +261,8 @@ class _Signals:
         signal.signal(signal.SIGTERM, self.previous)
 
     def _on_term(self, signum: int, frame: Any) -> None:
+        if self.received == signal.SIGTERM:  # `ray job stop` and a benchmark may both send one: stop once
+            return
         self.received = signal.SIGTERM
         signal.raise_signal(signal.SIGINT)  # Tune stops gracefully on SIGINT; elsewhere it is KeyboardInterrupt
 
@@ -255,7 +286,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         tracking_uri=args.tracking_uri, storage=args.storage, name=args.name, smoke=args.smoke, resume=args.resume,
         executor=args.executor, selection=args.selection, autoscaling=args.autoscaling, resume_command=resume,
         scheduler=args.scheduler, grace_period=args.grace_period, reduction_factor=args.reduction_factor,
-        extra_fixed=parse_assignments(args.set),
+        extra_fixed=parse_assignments(args.set), parent_run=args.parent_run,
     )
     with _Signals() as signals:
         try:
@@ -293,6 +324,69 @@ def mlflow_hint(uri: str, ids: dict[str, str]) -> str:
     return prefix + (ui_link(server, ids["experiment_id"], ids["run_id"]) if ids else server)
 
 
+# ----- raybench benchmark -----------------------------------------------------------------------
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from raybench.sweep.benchmark import BenchmarkInterrupted, BenchmarkOptions, outcome_text, plan_text, run_benchmark
+    from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
+    from raybench.sweep.errors import ClusterError, OptionError, SweepExists
+    from raybench.sweep.space import SpaceError
+    from raybench.tracking import TrackingError, default_tracking_uri, redact_uri
+
+    try:
+        benchmark = load_benchmark(args.file)
+    except (BenchmarkError, SpaceError) as err:
+        raise UsageError(str(err)) from None
+    if args.plan:
+        print(plan_text(benchmark))
+        return 0
+    if args.address:
+        _probe_cluster(args.address)
+    resume = resume_command(args.argv)
+    options = BenchmarkOptions(Path(args.storage).resolve(), args.tracking_uri or default_tracking_uri(), args.address,
+                               args.resume, resume, args.progress_every)
+    with _Signals() as signals:
+        try:
+            outcome = run_benchmark(benchmark, options)
+        except (SweepExists, OptionError) as err:
+            raise UsageError(str(err)) from None
+        except TrackingError as err:
+            raise UsageError(f"--tracking-uri: {err}") from None
+        except ClusterError as err:
+            raise UsageError(f"--address: {err}") from None
+        except (BenchmarkInterrupted, KeyboardInterrupt) as err:
+            what = str(err) if isinstance(err, BenchmarkInterrupted) else "benchmark interrupted"
+            print(f"raybench: {what}; resume with: {resume}", file=sys.stderr)
+            return signals.exit_status
+    print(outcome_text(outcome))
+    print(f"\nMLflow: {mlflow_hint(redact_uri(options.tracking_uri), outcome.mlflow)}")
+    return 0 if outcome.count("failed") == 0 else 1
+
+
+def _probe_cluster(address: str) -> None:
+    from raybench.sweep.errors import ClusterError
+    from raybench.sweep.ray_backend import probe_address
+
+    try:
+        probe_address(address)
+    except ClusterError as err:
+        raise UsageError(f"--address: {err}") from None
+
+
+def add_benchmark_parser(sub: Any) -> None:
+    b = sub.add_parser("benchmark", help="every (dataset, search space) pair of a benchmark file as one sweep each, "
+                                         "all on one Ray cluster, then their comparison (one MLflow parent run)")
+    b.add_argument("file", help="a benchmark YAML file (see benchmarks/grids/)")
+    b.add_argument("--plan", action="store_true", help="print the pairs it would run and those it rules out; run nothing")
+    b.add_argument("--resume", action="store_true", help="finish an interrupted benchmark: only pairs not finished run")
+    b.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray "
+                                     "that every pair shares")
+    b.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
+    b.add_argument("--storage", default="runs", help="where the sweeps and the benchmark's records are written")
+    b.add_argument("--progress-every", type=positive_float, default=30.0, metavar="SECONDS",
+                   help="seconds between progress lines while no pair ends")
+    b.set_defaults(run=cmd_benchmark)
+
+
 # ----- raybench results -------------------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
     from raybench.sweep.report import render
@@ -323,7 +417,7 @@ def name_list(text: str) -> tuple[str, ...]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from raybench.paths import writable_dir_problem
-    from raybench.sweep.compare import UnfinishedSweep, compare, render
+    from raybench.sweep.compare import from_records, render
     from raybench.tracking import TrackingError, default_tracking_uri, find_sweeps
 
     plot = Path(args.plot) if args.plot else None
@@ -341,9 +435,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          f"{'' if missing else ' ' + _filter_words(args)} in the tracking store")
     if args.sweeps:
         records.sort(key=lambda r: args.sweeps.index(r.name))
-    unfinished = [UnfinishedSweep(r.name, r.dataset, r.algorithm, f"{r.state_line}; no results were recorded yet")
-                  for r in records if r.summary is None]
-    comparison = compare([r.summary for r in records if r.summary], unfinished, args.selection)
+    comparison = from_records(records, args.selection)
     print(render(comparison, args.format))
     if plot is not None:
         for path in _save_comparison_plots(comparison, plot):
@@ -360,13 +452,9 @@ def _filter_words(args: argparse.Namespace) -> str:
 
 
 def _save_comparison_plots(comparison: Any, plot: Path) -> list[Path]:
-    """One figure per dataset: PLOT itself for one, PLOT's stem + `-<dataset>` for several."""
     from raybench.sweep import plots
 
-    several = len(comparison.tables) > 1
-    figures = {(f"{plot.stem}-{t.dataset}.png" if several else plot.name): plots.comparison_figure(t)
-               for t in comparison.tables}
-    return plots.save(figures, plot.parent)
+    return plots.save(plots.comparison_figures(comparison, plot.name), plot.parent)
 
 
 # ----- raybench space ---------------------------------------------------------------------------
@@ -407,8 +495,42 @@ def cmd_space_draw(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_space_new(args: argparse.Namespace) -> int:
+    from raybench.sweep.authoring import new_space_text
+
+    try:
+        text = new_space_text(args.algorithm)
+    except UnknownNameError as err:
+        raise UsageError(f"space new: {err}") from None
+    if args.output is None:
+        print(text, end="")
+        return 0
+    write_new_file(Path(args.output), text, args.force)
+    print(f"wrote {args.output}; check it with `raybench space show {args.output}`", file=sys.stderr)
+    return 0
+
+
+def write_new_file(path: Path, text: str, force: bool) -> None:
+    """Write `text` to `path`, refusing (one line) a directory, and an existing file unless `force`."""
+    from raybench.paths import writable_dir_problem
+
+    if path.is_dir():
+        raise UsageError(f"--output: expected a file name, got the directory {str(path)!r}")
+    if path.exists() and not force:
+        raise UsageError(f"--output: expected a new file, got the existing {str(path)!r} (--force overwrites it)")
+    problem = writable_dir_problem(path.parent)
+    if problem:
+        raise UsageError(f"--output: {problem}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"--output: cannot write {str(path)!r} ({err.strerror or err})") from None
+
+
 def add_space_parser(sub: Any) -> None:
-    s = sub.add_parser("space", help="look at a search space: its resolved form, the configs a sweep would draw")
+    s = sub.add_parser("space", help="write a starting search space, or look at one: its resolved form, the configs "
+                                     "a sweep would draw")
     space = s.add_subparsers(dest="space_command", required=True, parser_class=_Parser)
     show = space.add_parser("show", help="the space on a dataset: every distribution and bound, the lr centre r, "
                                          "fixed and derived values")
@@ -424,6 +546,12 @@ def add_space_parser(sub: Any) -> None:
     draw.add_argument("--format", choices=["table", "json"], default="table")
     show.set_defaults(run=cmd_space_show)
     draw.set_defaults(run=cmd_space_draw)
+    new = space.add_parser("new", help="a starting search space for an algorithm: the paper's protocol, its "
+                                       "suggested distributions searched, every other hyperparameter at its default")
+    new.add_argument("algorithm", help="a registered algorithm (raybench list algorithms)")
+    new.add_argument("--output", metavar="FILE", help="write the YAML to FILE instead of stdout (refused if it exists)")
+    new.add_argument("--force", action="store_true", help="overwrite an existing --output FILE")
+    new.set_defaults(run=cmd_space_new)
 
 
 # ----- raybench data ----------------------------------------------------------------------------
@@ -508,6 +636,8 @@ def add_sweep_parser(sub: Any) -> None:
     p.add_argument("--reduction-factor", type=positive_float, default=3.0,
                    help="asha: at each rung keep the top 1/FACTOR of trials (> 1)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a trainer setting for every trial")
+    p.add_argument("--parent-run", metavar="RUN_ID", help="nest the sweep's MLflow run under this run (a benchmark "
+                                                          "passes its own)")
     p.set_defaults(run=cmd_sweep)
 
     r = sub.add_parser("results", help="read a finished sweep back from MLflow")
@@ -540,8 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="raybench", description="Hyperparameter search and benchmarking under distribution shift.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p_list = sub.add_parser("list", help="list registered algorithms, datasets or models")
-    p_list.add_argument("what", choices=["algorithms", "datasets", "models"])
+    p_list = sub.add_parser("list", help="list registered algorithms, datasets or models, or every setting with its "
+                                         "type, default and allowed range")
+    p_list.add_argument("what", choices=["algorithms", "datasets", "models", "settings"])
+    p_list.add_argument("algorithm", nargs="?", help="settings: only this algorithm's hyperparameters (default: every "
+                                                     "algorithm's)")
     p_list.set_defaults(run=cmd_list)
 
     p_train = sub.add_parser("train", help="train one config locally (no Ray)")
@@ -555,6 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.set_defaults(run=cmd_train)
     add_probe_parsers(sub)
     add_sweep_parser(sub)
+    add_benchmark_parser(sub)
     add_space_parser(sub)
     add_data_parser(sub)
     return parser

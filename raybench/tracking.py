@@ -44,6 +44,7 @@ EXPERIMENT = "raybench"
 PARENT_TAG = "mlflow.parentRunId"
 KEY_TAG = "raybench.key"
 SWEEP_TAG = "raybench.sweep"
+BENCHMARK_TAG = "raybench.benchmark"
 STATE_TAG = "raybench.state"  # running, interrupted, finished, failed: what `raybench results` reports
 DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the sweep, to tell a dead one
 RESUME_TAG = "raybench.resume_command"
@@ -256,14 +257,18 @@ class SweepTracker:
         return runs[0] if runs else None
 
     # ----- the sweep's parent run ------------------------------------------------------------------
-    def start_sweep(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+    def start_sweep(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str],
+                    parent_run: Optional[str] = None) -> str:
+        """The sweep's parent run, reused when resuming; nested under `parent_run` (a benchmark's) if given."""
         existing = self._find(f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'")
+        nesting = {PARENT_TAG: parent_run} if parent_run else {}
         if existing is not None:
             self.parent_id = existing.info.run_id
             self.client.update_run(self.parent_id, status="RUNNING")
+            self._tag(self.parent_id, nesting)
         else:
             run = self.client.create_run(self.experiment_id, run_name=name,
-                                         tags={**tags, SWEEP_TAG: name, "stage": "sweep"})
+                                         tags={**tags, **nesting, SWEEP_TAG: name, "stage": "sweep"})
             self.parent_id = run.info.run_id
             self._log(self.parent_id, params=flatten(params))
         self._tag(self.parent_id, {STATE_TAG: "running", DRIVER_TAG: driver_identity(),
@@ -438,6 +443,31 @@ def log_task_suite(uri: str, result: "SuiteResult", experiment: str = EXPERIMENT
         raise
     client.set_terminated(parent, status="FINISHED")
     return parent
+
+
+class BenchmarkTracker(SweepTracker):
+    """A benchmark's parent run: its sweeps' parent runs nest under it; the comparison is attached to it."""
+
+    def start_benchmark(self, name: str, params: Mapping[str, Any], resume_command: Optional[str]) -> str:
+        existing = self._find(f"tags.`{BENCHMARK_TAG}` = {quoted(name)} and tags.stage = 'benchmark'")
+        if existing is not None:
+            self.parent_id = existing.info.run_id
+            self.client.update_run(self.parent_id, status="RUNNING")
+        else:
+            run = self.client.create_run(self.experiment_id, run_name=f"benchmark {name}",
+                                         tags={BENCHMARK_TAG: name, "stage": "benchmark"})
+            self.parent_id = run.info.run_id
+            self._log(self.parent_id, params=flatten(params))
+        self._tag(self.parent_id, {STATE_TAG: "running", DRIVER_TAG: driver_identity(),
+                                   **({RESUME_TAG: resume_command} if resume_command else {})})
+        return self.parent_id
+
+    def end_benchmark(self, markdown: str, status: str, note: Optional[str] = None) -> None:
+        """The pairs' table as the run's description and `summary.md`, then the run closed with `status`."""
+        assert self.parent_id is not None
+        self.client.log_text(self.parent_id, markdown, "summary.md")
+        self.client.set_tag(self.parent_id, DESCRIPTION_TAG, run_description(markdown))
+        self.end_sweep(status, note)
 
 
 # ----- reading a finished sweep back ------------------------------------------------------------------

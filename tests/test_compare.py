@@ -172,3 +172,23 @@ def test_comparison_figure_has_one_error_bar_per_method_and_column_and_stars_the
     assert ax.get_title() and "(%)" in ax.get_ylabel() and ax.get_xlabel() and ax.get_legend() is not None
     (path,) = save({"comparison.png": figure}, tmp_path)
     assert path.stat().st_size > 10_000
+
+
+def test_a_blind_selection_is_marked_in_every_format_never_passed_off_as_a_choice():
+    blind = summary("s-blind", "erm", {"id_test/acc": (0.9, 0.01), "test/acc": (0.5, 0.02)})
+    blind["trials"] = [{"status": "ok", "selection_blind": True}] * 4
+    blind["selection_blind"] = "every trial's selection metric constant: selection is blind"
+    partly = summary("s-partly", "coral", {"id_test/acc": (0.9, 0.01), "test/acc": (0.6, 0.02)})
+    partly["trials"] = [{"status": "ok", "selection_blind": True}] * 3 + [{"status": "ok"}]
+    partly["selection_blind"] = "3 of 4 trials: selection metric constant: selection is blind"
+    comparison = compare([blind, partly])
+    table = render(comparison, "table")
+    assert "OOD val acc (BLIND)" in table and table.count("(BLIND)") == 1  # only where no trial could be told apart
+    for fmt_name in ("table", "markdown"):
+        text = render(comparison, fmt_name)
+        assert "Selection blind: erm (s-blind): every trial's selection metric constant" in text
+        assert "Selection blind: coral (s-partly): 3 of 4 trials" in text
+    assert "% Selection blind: erm (s-blind)" in render(comparison, "latex")
+    rows = {r["sweep"]: r for r in json.loads(render(comparison, "json"))["rows"]}
+    assert rows["s-blind"]["selection_blind_everywhere"] and not rows["s-partly"]["selection_blind_everywhere"]
+    assert rows["s-partly"]["selection_blind"].startswith("3 of 4")

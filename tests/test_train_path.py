@@ -2,6 +2,12 @@
 be the one the installed Ray Train really creates, or the saving silently disappears."""
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
 import ray.train
 from ray.train.v2._internal.callbacks.backend_setup import BackendSetupCallback
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
@@ -11,6 +17,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from raybench.sweep.ray_backend import (
     DEFAULT_TRAIN_PATH, ShapedDataParallelTrainer, ShapedTorchTrainer, TrainPath,
 )
+from tests.conftest import stop_processes_under
 
 
 def _loop(config: dict) -> None:
@@ -47,3 +54,59 @@ def test_the_dataset_manager_can_be_switched_back_for_the_ablation():
 def test_a_data_parallel_run_keeps_its_process_group():
     shaped = _kinds(_callbacks(ShapedTorchTrainer, train_path=DEFAULT_TRAIN_PATH))
     assert BackendSetupCallback in shaped and DatasetsCallback not in shaped
+
+
+# ----- reports from a Train run into Tune ---------------------------------------------------------------
+class InstantRun:
+    """Stands in for a Ray Train run whose reports all reach the queue just as `fit()` returns: the timing
+    that lost a trial's last epoch with Ray's TuneReportCallback (the trial then stayed RUNNING for good)."""
+
+    def __init__(self, queue: object, reports: int, error: Exception | None = None) -> None:
+        self.queue, self.reports, self.error = queue, reports, error
+
+    def fit(self) -> str:
+        for epoch in range(self.reports):
+            self.queue.put({"epoch": epoch})
+        if self.error is not None:
+            raise self.error
+        return "result"
+
+
+def _relayed(config: dict) -> None:
+    from raybench.sweep.ray_backend import ReportRelay
+
+    relay = ReportRelay()
+    error = RuntimeError("the run failed after its reports") if config["fail"] else None
+    assert relay.fit(InstantRun(relay.queue, 3, error)) == "result"
+
+
+@pytest.fixture(scope="module")
+def ray_here():
+    import ray
+
+    ray_tmp = tempfile.mkdtemp(prefix="rbt-relay-", dir="/tmp")
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = ray_tmp
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the trainable is defined here, not installed
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        stop_processes_under(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        os.environ.pop("RAY_TMPDIR") if saved is None else os.environ.update(RAY_TMPDIR=saved)
+
+
+def test_every_report_of_a_run_reaches_tune_before_its_trial_ends(ray_here, tmp_path):
+    from ray import tune
+
+    tuner = tune.Tuner(_relayed, param_space={"fail": tune.grid_search([False, True])},
+                       tune_config=tune.TuneConfig(time_budget_s=300),  # a lost report would hang the trial
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="relay", verbose=0))
+    grid = tuner.fit()
+    by_outcome = {result.config["fail"]: result for result in grid}
+    finished, failed = by_outcome[False], by_outcome[True]
+    assert finished.error is None and list(finished.metrics_dataframe["epoch"]) == [0, 1, 2]
+    assert "the run failed after its reports" in str(failed.error)
+    assert list(failed.metrics_dataframe["epoch"]) == [0, 1, 2]  # reports before a failure still count

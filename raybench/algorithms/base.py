@@ -5,8 +5,8 @@ one labeled batch and, if it uses unlabeled data, one unlabeled batch into a los
 numbers (`objective`). Epochs, accumulation, optimisers, evaluation, checkpoints and reporting belong
 to the one trainer (`Trainer` in raybench/trainer/loop.py), so an algorithm file stays the size of its loss function.
 
-Hyperparameters are a dataclass per algorithm (`Hparams`), so their names, types and defaults are
-declared once and validated before anything runs.
+Hyperparameters are a dataclass per algorithm (`Hparams`), so their names, types, defaults and allowed ranges
+(`raybench.settings.setting`) are declared once and validated before anything runs.
 """
 from __future__ import annotations
 
@@ -21,11 +21,14 @@ from torch import Tensor, nn
 
 from raybench.data.base import Batch, ShiftDataset, Split, Task, TaskKind, Views
 from raybench.models.base import FeaturizerHead
+from raybench.settings import check_allowed
 
 
 @dataclass
 class Hparams:
-    """Base of every algorithm's hyperparameters; subclasses add typed fields with defaults."""
+    """Base of every algorithm's hyperparameters; subclasses add typed fields with defaults, declared with
+    `setting(...)` where a value has a range (checked here) or a suggested search distribution (`space new`).
+    Checks that relate several fields, or parse a field (a grid of numbers), stay in `__post_init__`."""
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], algorithm: str) -> "Hparams":
@@ -36,7 +39,9 @@ class Hparams:
                 f"algorithm {algorithm!r} has no hyperparameter {unknown[0]!r}; "
                 f"its hyperparameters are: {', '.join(known) or '(none)'}"
             )
-        return cls(**{k: coerce(v, known[k].type, f"{algorithm}.{k}") for k, v in values.items()})
+        hparams = cls(**{k: coerce(v, known[k].type, f"{algorithm}.{k}") for k, v in values.items()})
+        check_allowed(hparams)
+        return hparams
 
 
 def coerce(value: Any, annotation: Any, where: str) -> Any:
@@ -200,6 +205,10 @@ class Algorithm(nn.Module, ABC):
     # (SwAV: its multi-crop views, K and pre-training budget); None: nothing. WILDS ran such methods on named
     # datasets only, and their settings differ per dataset, so a dataset without them is refused, not guessed.
     dataset_settings: ClassVar[Optional[str]] = None
+    # For methods that use unlabeled data: the factor of their search space's `ratio_epochs` rule, epochs =
+    # ceil(factor x E / (k + 1)) (WILDS 2.0 App. D), which `raybench space new` writes. Noisy Student's is 1 per
+    # teacher-student iteration, as its shipped space has it.
+    ratio_epochs_factor: ClassVar[float] = 2.0
 
     @classmethod
     def requirements(cls, hparams: Hparams) -> frozenset[str]:

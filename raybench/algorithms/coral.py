@@ -10,12 +10,15 @@ from torch import Tensor
 from raybench.algorithms.base import Algorithm, Hparams, StepOutput
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind, concat_inputs
+from raybench.settings import NON_NEGATIVE, Suggest, setting
 
 
 @dataclass
 class CORALHparams(Hparams):
-    penalty: float = 1.0
-    augment: bool = True
+    penalty: float = setting(1.0, allowed=NON_NEGATIVE, suggest=Suggest.loguniform(0.1, 10),
+                             help="lambda, the weight of the CORAL penalty")
+    augment: bool = setting(True, per_dataset=True, help="strong augmentation of both batches; off where a dataset "
+                                                         "has none")
 
 
 def coral_penalty(a: Tensor, b: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ from raybench.algorithms.pretext import (
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
 from raybench.models.dabs import is_dabs_model
+from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, setting
 
 DABS_MODELS = ("dabs_transformer", "dabs_transformer_small")
 
@@ -40,15 +41,10 @@ class DabsHparams(PretrainHparams):
     "never moved" baseline (benchmarks/README.md, DABS section).
     """
 
-    pretrain_lr: float = 1e-3
-    pretrain_weight_decay: float = 1e-4
-    pretrain_batch_size: int = 64
-    pretrain_epochs: int = 20
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.pretrain_weight_decay >= 0:
-            raise ValueError(f"pretrain_weight_decay: expected a number >= 0, got {self.pretrain_weight_decay!r}")
+    pretrain_lr: float = setting(1e-3, allowed=POSITIVE, help="the pre-training AdamW lr (DABS: 1e-4 for 100k steps)")
+    pretrain_weight_decay: float = setting(1e-4, allowed=NON_NEGATIVE, help="the pre-training AdamW weight decay")
+    pretrain_batch_size: int = setting(64, allowed=AT_LEAST_ONE, help="the pre-training batch")
+    pretrain_epochs: int = setting(20, allowed=AT_LEAST_ONE, help="passes over the unlabeled split")
 
 
 def refuse_other_models(model: FeaturizerHead, algorithm: str) -> None:

@@ -12,15 +12,19 @@ from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, StepO
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, concat_inputs
 from raybench.models.base import FeaturizerHead
+from raybench.settings import NON_NEGATIVE, POSITIVE, Suggest, setting
 
 
 @dataclass
 class DANNHparams(Hparams):
-    penalty: float = 1.0
-    classifier_lr: Optional[float] = None  # None: the run's lr
-    discriminator_lr: Optional[float] = None  # None: the run's lr
-    featurizer_lr: Optional[float] = None  # None: classifier_lr / 10, as WILDS 2.0 App. D
-    augment: bool = True
+    penalty: float = setting(1.0, allowed=NON_NEGATIVE, suggest=Suggest.loguniform(0.1, 10),
+                             help="lambda, the weight of the domain-classification loss")
+    classifier_lr: Optional[float] = setting(None, allowed=POSITIVE, help="none: the run's lr")
+    discriminator_lr: Optional[float] = setting(None, allowed=POSITIVE, help="none: the run's lr")
+    featurizer_lr: Optional[float] = setting(None, allowed=POSITIVE, help="none: classifier_lr / 10, as WILDS 2.0 "
+                                                                          "App. D")
+    augment: bool = setting(True, per_dataset=True, help="strong augmentation of both batches; off where a dataset "
+                                                         "has none")
 
 
 class GradientReversal(torch.autograd.Function):

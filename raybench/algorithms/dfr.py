@@ -15,23 +15,30 @@ from raybench.algorithms.ssa import split_halves
 from raybench.data.base import Batch, Split, TaskKind
 from raybench.metrics import worst_group_accuracy
 from raybench.models.base import FeaturizerHead
+from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, Suggest, setting
 
 DEFAULT_C_GRID = "1.0,0.7,0.3,0.1,0.07,0.03,0.01"  # SpuCo App. B
 
 
 @dataclass
 class DFRHparams(ReferenceHparams):
-    reference_epochs: Optional[int] = None  # the full ERM run by default (SpuCo: no early stopping)
-    c_grid: str = DEFAULT_C_GRID  # inverse l1 strengths tried; the best on the held-out half is used
-    n_ensemble: int = 10
-    tune_fraction: float = 0.5  # share of the validation split the head is fit on; the rest chooses C and the trial
+    reference_epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="T_r; none: the full ERM run "
+                                                                               "(SpuCo: no early stopping)")
+    # DFR's only searched settings are its ERM model's (SpuCo App. C grid): C is chosen inside.
+    reference_lr: Optional[float] = setting(None, allowed=POSITIVE, suggest=Suggest.choice(0.01, 0.001, 0.0001),
+                                            help="the ERM model's lr; none: the dataset's")
+    reference_weight_decay: Optional[float] = setting(None, allowed=NON_NEGATIVE,
+                                                      suggest=Suggest.choice(0.01, 0.005, 0.0005, 0.0001),
+                                                      help="the ERM model's weight decay; none: the dataset's")
+    c_grid: str = setting(DEFAULT_C_GRID, help="inverse l1 strengths tried (comma-separated); the best on the "
+                                               "held-out half is used")
+    n_ensemble: int = setting(10, allowed=AT_LEAST_ONE, help="l1 logistic regressions averaged, each fit on a "
+                                                             "group-balanced subsample")
+    tune_fraction: float = setting(0.5, allowed=OPEN_FRACTION, help="share of the validation split the head is fit "
+                                                                    "on; the rest chooses C and the trial")
 
     def __post_init__(self) -> None:
         parse_grid(self.c_grid, "c_grid")
-        if not 0 < self.tune_fraction < 1:
-            raise ValueError(f"tune_fraction: expected a number strictly between 0 and 1, got {self.tune_fraction!r}")
-        if self.n_ensemble < 1:
-            raise ValueError(f"n_ensemble: expected an integer >= 1, got {self.n_ensemble!r}")
 
 
 @dataclass

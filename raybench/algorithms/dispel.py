@@ -10,13 +10,16 @@ from raybench.algorithms.base import RoundContext
 from raybench.algorithms.dfr import DFR, DFRHparams, LinearHead, fit_l1_logistic
 from raybench.algorithms.groups import parse_grid
 from raybench.algorithms.registry import register
+from raybench.settings import AT_LEAST_ONE, setting
 
 
 @dataclass
 class DispelHparams(DFRHparams):
-    s_grid: str = "1.0,0.9,0.8,0.7"  # mixing weights tried (SpuCo App. B), chosen with C on the held-out half
-    n_mixed: int = 1000  # training embeddings mixed per ensemble member
-    n_ensemble: int = 5  # C x s settings make Dispel's grid 4x DFR's
+    s_grid: str = setting("1.0,0.9,0.8,0.7", help="mixing weights tried (comma-separated, each in [0, 1]; SpuCo "
+                                                  "App. B), chosen with C on the held-out half")
+    n_mixed: int = setting(1000, allowed=AT_LEAST_ONE, help="training embeddings mixed per ensemble member")
+    n_ensemble: int = setting(5, allowed=AT_LEAST_ONE, help="heads averaged; C x s settings make Dispel's grid 4x "
+                                                            "DFR's")
 
     def __post_init__(self) -> None:
         super().__post_init__()

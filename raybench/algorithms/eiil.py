@@ -11,14 +11,15 @@ from raybench.algorithms.base import AlgorithmContext, RoundContext
 from raybench.algorithms.groupdro import GroupDROHparams, InferredGroupDRO
 from raybench.algorithms.groups import ReferenceHparams, inference_quality, train_reference
 from raybench.algorithms.registry import register
+from raybench.settings import AT_LEAST_ONE, POSITIVE, setting
 
 N_ENVIRONMENTS = 2
 
 
 @dataclass
 class EIILHparams(GroupDROHparams, ReferenceHparams):
-    ei_steps: int = 20_000
-    ei_lr: float = 0.01
+    ei_steps: int = setting(20_000, allowed=AT_LEAST_ONE, help="Adam steps of the environment inference")
+    ei_lr: float = setting(0.01, allowed=POSITIVE, help="the environment inference's Adam lr")
 
 
 def scale_gradients(logits: Tensor, y: Tensor) -> Tensor:

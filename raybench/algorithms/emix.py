@@ -13,22 +13,14 @@ from raybench.algorithms.base import AlgorithmContext, StepOutput
 from raybench.algorithms.dabs_objectives import DabsHparams, DabsPretext
 from raybench.algorithms.registry import register
 from raybench.models.base import FeaturizerHead
+from raybench.settings import AT_LEAST_ONE, POSITIVE, PROBABILITY, setting
 
 
 @dataclass
 class EMixHparams(DabsHparams):
-    temperature: float = 0.2  # tau, DABS's code
-    projection_dim: int = 128
-    min_lambda: float = 0.5  # lambda_i ~ U(min_lambda, 1)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.temperature > 0:
-            raise ValueError(f"temperature: expected a positive number, got {self.temperature!r}")
-        if not 0 <= self.min_lambda <= 1:
-            raise ValueError(f"min_lambda: expected a number in [0, 1], got {self.min_lambda!r}")
-        if self.projection_dim < 1:
-            raise ValueError(f"projection_dim: expected an integer >= 1, got {self.projection_dim!r}")
+    temperature: float = setting(0.2, allowed=POSITIVE, help="tau, DABS's code")
+    projection_dim: int = setting(128, allowed=AT_LEAST_ONE, help="width of the contrastive projection")
+    min_lambda: float = setting(0.5, allowed=PROBABILITY, help="mixing weights lambda_i ~ U(min_lambda, 1)")
 
 
 def mix_embeddings(tokens: Tensor, padding: Tensor, lam: Tensor, partner: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,11 +7,13 @@ from typing import Optional
 from raybench.algorithms.base import Algorithm, Hparams, StepOutput
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
+from raybench.settings import setting
 
 
 @dataclass
 class ERMHparams(Hparams):
-    augment: bool = False
+    augment: bool = setting(False, per_dataset=True, help="strong augmentation (RandAugment + Cutout): ERM+aug; "
+                                                          "off where a dataset has none")
 
 
 @register("erm")

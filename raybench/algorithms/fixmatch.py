@@ -9,12 +9,15 @@ import torch
 from raybench.algorithms.base import Algorithm, Hparams, StepOutput, pseudo_label_loss
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
+from raybench.settings import NON_NEGATIVE, PROBABILITY, Suggest, setting
 
 
 @dataclass
 class FixMatchHparams(Hparams):
-    threshold: float = 0.7
-    penalty: float = 1.0
+    threshold: float = setting(0.7, allowed=PROBABILITY, suggest=Suggest.uniform(0.7, 0.95),
+                               help="tau: the weak view's confidence needed to pseudo-label")
+    penalty: float = setting(1.0, allowed=NON_NEGATIVE, help="lambda, the weight of the consistency loss "
+                                                             "(WILDS fixes 1)")
 
 
 @register("fixmatch")

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext
 from raybench.models.base import FeaturizerHead, read_state_dict
+from raybench.settings import Allowed, setting
 
 RANDOM = "random"
 FEATURIZER_PREFIX = "featurizer."
@@ -31,11 +32,10 @@ FEATURE_MEMO_BYTES = 1 << 30  # features kept per run; past this, new inputs are
 
 @dataclass
 class FrozenHparams(Hparams):
-    features_from: str = RANDOM  # "random" (the model's own seeded initialisation) or a local checkpoint file/folder
-
-    def __post_init__(self) -> None:
-        if not self.features_from.strip():
-            raise ValueError(f"features_from: expected {RANDOM!r} or a checkpoint path, got {self.features_from!r}")
+    features_from: str = setting(RANDOM, allowed=Allowed(pattern=r"(?s).*\S.*", words=f"{RANDOM!r} or a checkpoint "
+                                                                                       "path"),
+                                 help="random (the model's own seeded initialisation) or a local checkpoint file "
+                                      "or folder")
 
 
 def checkpoint_file(path: Path) -> Path:

@@ -12,12 +12,14 @@ from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, Sampl
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, Split, TaskKind
 from raybench.models.base import FeaturizerHead
+from raybench.settings import NON_NEGATIVE, Suggest, setting
 
 
 @dataclass
 class GroupDROHparams(Hparams):
-    eta: float = 0.01  # step size of the group weights
-    balanced: bool = True  # group-balanced batches, as SpuCo samples them
+    eta: float = setting(0.01, allowed=NON_NEGATIVE, suggest=Suggest.loguniform(0.001, 0.1),
+                         help="step size of the group weights' exponentiated-gradient ascent")
+    balanced: bool = setting(True, help="group-balanced batches, as SpuCo samples them")
 
 
 def group_losses(losses: Tensor, groups: Tensor, n_groups: int) -> tuple[Tensor, Tensor]:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from raybench.algorithms.base import Hparams, RoundContext, StageModel
+from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Suggest, setting
 
 
 @dataclass
@@ -21,9 +22,12 @@ class ReferenceHparams(Hparams):
     """The reference ERM model: T_r epochs (None: the dataset's default) at the dataset's optimiser settings,
     unless `reference_lr` / `reference_weight_decay` say otherwise."""
 
-    reference_epochs: Optional[int] = 1
-    reference_lr: Optional[float] = None
-    reference_weight_decay: Optional[float] = None
+    reference_epochs: Optional[int] = setting(1, allowed=AT_LEAST_ONE, suggest=Suggest.choice(1, 2, 5),
+                                              help="T_r, the reference ERM model's epochs; none: the dataset's")
+    reference_lr: Optional[float] = setting(None, allowed=POSITIVE, help="the reference model's lr; none: the "
+                                                                         "dataset's")
+    reference_weight_decay: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="the reference model's weight "
+                                                                                       "decay; none: the dataset's")
 
 
 def train_reference(context: RoundContext, hparams: ReferenceHparams) -> StageModel:

@@ -12,12 +12,15 @@ from raybench.algorithms.erm import ERM
 from raybench.algorithms.groups import ReferenceHparams, inference_quality, train_reference
 from raybench.algorithms.registry import register
 from raybench.data.base import Split, TaskKind
+from raybench.settings import AT_LEAST_ONE, Suggest, setting
 
 
 @dataclass
 class JTTHparams(ReferenceHparams):
-    upsample: int = 100  # S_r: how many times each error-set example appears
-    augment: bool = False
+    upsample: int = setting(100, allowed=AT_LEAST_ONE, suggest=Suggest.choice(20, 100, 800),
+                            help="S_r: how many times each error-set example appears")
+    augment: bool = setting(False, per_dataset=True, help="strong augmentation in the second training; off where a "
+                                                          "dataset has none")
 
 
 def upsampled_indices(errors: Tensor, factor: int) -> Tensor:

@@ -13,6 +13,7 @@ from raybench.algorithms.pretext import (
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
+from raybench.settings import AT_LEAST_ONE, OPEN_FRACTION, POSITIVE, setting
 
 
 @dataclass
@@ -22,16 +23,13 @@ class MLMHparams(PretrainHparams):
     Defaults are scaled for CPU runs on text-shift; civilcomments and amazon set WILDS's in datasets.yaml.
     """
 
-    pretrain_lr: float = 1e-4
-    pretrain_batch_size: int = 32
-    pretrain_steps: Optional[int] = 20  # batches per pre-training epoch (WILDS: 1,000 optimiser steps)
-    pretrain_grad_accum: int = 1  # WILDS: 8,192 sequences per step (civilcomments 32 x 256, amazon 16 x 512)
-    mlm_probability: float = 0.15
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 < self.mlm_probability < 1:
-            raise ValueError(f"mlm_probability: expected a number strictly between 0 and 1, got {self.mlm_probability!r}")
+    pretrain_lr: float = setting(1e-4, allowed=POSITIVE, per_dataset=True, help="the masked-LM pre-training lr")
+    pretrain_batch_size: int = setting(32, allowed=AT_LEAST_ONE, per_dataset=True, help="the pre-training batch")
+    pretrain_steps: Optional[int] = setting(20, allowed=AT_LEAST_ONE, per_dataset=True,
+                                            help="batches per pre-training epoch (WILDS: 1,000 optimiser steps)")
+    pretrain_grad_accum: int = setting(1, allowed=AT_LEAST_ONE, per_dataset=True,
+                                       help="WILDS: 8,192 sequences per step (civilcomments 32 x 256, amazon 16 x 512)")
+    mlm_probability: float = setting(0.15, allowed=OPEN_FRACTION, help="share of tokens masked")
 
 
 def masked_lm_for(featurizer: nn.Module) -> nn.Module:

@@ -15,6 +15,7 @@ from raybench.algorithms.groups import parse_grid
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
+from raybench.settings import Allowed, setting
 
 if TYPE_CHECKING:  # scikit-learn is imported when a probe is fitted: it costs seconds in every Ray worker
     from sklearn.pipeline import Pipeline
@@ -25,15 +26,13 @@ C_PARAM = "svc__C"
 
 @dataclass
 class NeWTHparams(FrozenHparams):
-    c_grid: str = NEWT_C_GRID  # the SVM's C values tried; cross-validation on train picks one
-    folds: int = 3
+    c_grid: str = setting(NEWT_C_GRID, help="the SVM's C values tried (comma-separated, each > 0); "
+                                            "cross-validation on train picks one")
+    folds: int = setting(3, allowed=Allowed(low=2), help="cross-validation folds on train")
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if any(c <= 0 for c in parse_grid(self.c_grid, "c_grid")):
             raise ValueError(f"c_grid: expected positive numbers, got {self.c_grid!r}")
-        if self.folds < 2:
-            raise ValueError(f"folds: expected an integer >= 2, got {self.folds!r}")
 
 
 def newt_pipeline() -> Pipeline:

@@ -12,6 +12,7 @@ from raybench.algorithms.registry import register
 from raybench.algorithms.pseudo_targets import hard_targets
 from raybench.data.base import Batch, TaskKind, move_to
 from raybench.models.base import FeaturizerHead
+from raybench.settings import AT_LEAST_ONE, PROBABILITY, setting
 
 
 TEACHER_STAGE = "teacher"
@@ -19,15 +20,15 @@ TEACHER_STAGE = "teacher"
 
 @dataclass
 class NoisyStudentHparams(Hparams):
-    dropout: float = 0.5
-    iterations: int = 2
-    teacher_checkpoint: Optional[str] = None  # None: the dataset's ERM(+augmentation) model, a cached stage
-    teacher_epochs: Optional[int] = None  # that teacher's epochs; None: the dataset's ERM epochs (the paper's budget)
-    augment: bool = True
-
-    def __post_init__(self) -> None:
-        if self.teacher_epochs is not None and self.teacher_epochs < 1:
-            raise ValueError(f"teacher_epochs: expected an integer >= 1, got {self.teacher_epochs!r}")
+    dropout: float = setting(0.5, allowed=PROBABILITY, help="the student's dropout before its head")
+    iterations: int = setting(2, allowed=AT_LEAST_ONE, help="teacher-student rounds")
+    teacher_checkpoint: Optional[str] = setting(None, help="none: the dataset's ERM(+augmentation) model, a cached "
+                                                           "stage")
+    teacher_epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="that teacher's epochs; none: the "
+                                                                             "dataset's ERM epochs (the paper's "
+                                                                             "budget)")
+    augment: bool = setting(True, per_dataset=True, help="strong augmentation of the student's inputs; off where a "
+                                                         "dataset has none")
 
 
 @register("noisy_student")
@@ -50,6 +51,7 @@ class NoisyStudent(Algorithm):
     Hparams = NoisyStudentHparams
     uses_unlabeled = True
     supported_tasks = frozenset(TaskKind)  # hard targets per task: raybench.algorithms.pseudo_targets
+    ratio_epochs_factor = 1.0  # its search space's epochs rule: ceil(E / (k + 1)) per iteration
     stages = (TEACHER_STAGE, "train")  # "teacher" only when no teacher_checkpoint is given
 
     def __init__(self, model: FeaturizerHead, hparams: NoisyStudentHparams, context: AlgorithmContext) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from raybench.algorithms.base import Hparams, RoundContext, StageModel
 from raybench.models.base import FeaturizerHead
+from raybench.settings import AT_LEAST_ONE, POSITIVE, Allowed, setting
 
 PHASES = ("finetune", "pretext")
 PRETRAIN_STAGE = "pretrain"
@@ -22,20 +23,22 @@ PRETRAIN_STAGE = "pretrain"
 
 @dataclass
 class PretrainHparams(Hparams):
-    phase: str = "finetune"  # set to "pretext" only by the stage this method asks for
-    pretrain_epochs: int = 1  # passes over the unlabeled split
-    pretrain_batch_size: int = 64
-    pretrain_lr: float = 0.075  # SwAV: 4.8 x batch / 4096
-    pretrain_steps: Optional[int] = None  # at most this many steps per pre-training epoch (None: the whole split)
-    pretrain_seed: Optional[int] = 0  # fixed: replicates share one pre-training; None: one per replicate seed
-    pretrain_from: Optional[str] = None  # starting weights: None = the model's own (random for CNNs), or a local file
+    """The pre-training budget is `per_dataset`: SwAV and masked LM take it from the dataset (`algorithm_hparams`),
+    so a search space leaves it to the dataset; DABS's methods redeclare it with their own fixed defaults."""
 
-    def __post_init__(self) -> None:
-        if self.phase not in PHASES:
-            raise ValueError(f"phase: expected one of {', '.join(PHASES)}, got {self.phase!r}")
-        for key in ("pretrain_epochs", "pretrain_batch_size"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}: expected an integer >= 1, got {getattr(self, key)!r}")
+    phase: str = setting("finetune", allowed=Allowed(choices=PHASES),
+                         help="set to pretext only by the stage this method asks for")
+    pretrain_epochs: int = setting(1, allowed=AT_LEAST_ONE, per_dataset=True, help="passes over the unlabeled split")
+    pretrain_batch_size: int = setting(64, allowed=AT_LEAST_ONE, per_dataset=True, help="the pre-training batch")
+    pretrain_lr: float = setting(0.075, allowed=POSITIVE, per_dataset=True,
+                                 help="the pre-training lr (SwAV: 4.8 x batch / 4096)")
+    pretrain_steps: Optional[int] = setting(None, allowed=AT_LEAST_ONE,
+                                            help="at most this many steps per pre-training epoch; none: the whole "
+                                                 "split")
+    pretrain_seed: Optional[int] = setting(0, help="fixed: replicates share one pre-training; none: one per "
+                                                   "replicate seed")
+    pretrain_from: Optional[str] = setting(None, help="starting weights: none = the model's own (random for CNNs), "
+                                                      "or a local file")
 
 
 def is_pretext_phase(hparams: Hparams) -> bool:

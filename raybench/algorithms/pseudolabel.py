@@ -11,14 +11,19 @@ from raybench.algorithms.base import Algorithm, Hparams, StepOutput, masked_bce,
 from raybench.algorithms.pseudo_targets import confident_binary_targets, confident_boxes
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind, concat_inputs
+from raybench.settings import NON_NEGATIVE, PROBABILITY, Suggest, setting
 
 
 @dataclass
 class PseudoLabelHparams(Hparams):
-    threshold: float = 0.7
-    penalty: float = 1.0
-    ramp_fraction: float = 0.4
-    augment: bool = True
+    threshold: float = setting(0.7, allowed=PROBABILITY, suggest=Suggest.uniform(0.7, 0.95),
+                               help="tau: the confidence needed to pseudo-label")
+    penalty: float = setting(1.0, allowed=NON_NEGATIVE, help="lambda, the weight of the pseudo-label loss "
+                                                             "(WILDS fixes 1)")
+    ramp_fraction: float = setting(0.4, allowed=NON_NEGATIVE, help="lambda ramps up linearly over this share of "
+                                                                   "the training steps")
+    augment: bool = setting(True, per_dataset=True, help="strong augmentation of both batches; off where a dataset "
+                                                         "has none")
 
 
 @register("pseudolabel")

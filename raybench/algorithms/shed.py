@@ -13,16 +13,13 @@ from raybench.algorithms.base import AlgorithmContext, StepOutput
 from raybench.algorithms.dabs_objectives import DabsHparams, DabsPretext, masked_mean
 from raybench.algorithms.registry import register
 from raybench.models.base import FeaturizerHead
+from raybench.settings import OPEN_FRACTION, setting
 
 
 @dataclass
 class ShEDHparams(DabsHparams):
-    shuffle_fraction: float = 0.15
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 < self.shuffle_fraction < 1:
-            raise ValueError(f"shuffle_fraction: expected a number strictly between 0 and 1, got {self.shuffle_fraction!r}")
+    shuffle_fraction: float = setting(0.15, allowed=OPEN_FRACTION, help="share of an example's real tokens whose "
+                                                                       "embeddings are shuffled among themselves")
 
 
 def shuffle_count(length: int, fraction: float) -> int:

@@ -13,13 +13,17 @@ from raybench.algorithms.erm import ERM
 from raybench.algorithms.groups import ReferenceHparams, inference_quality, train_reference
 from raybench.algorithms.registry import register
 from raybench.data.base import Split, TaskKind
+from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, Suggest, setting
 
 
 @dataclass
 class SpareHparams(ReferenceHparams):
-    n_clusters: int = 2  # clusters per class
-    sampling_power: float = 1.0  # p in w_i = |cluster(i)|^-p
-    augment: bool = False
+    n_clusters: int = setting(2, allowed=AT_LEAST_ONE, suggest=Suggest.choice(2, 3, 4),
+                              help="k-means clusters per class")
+    sampling_power: float = setting(1.0, allowed=NON_NEGATIVE, suggest=Suggest.choice(1.0, 2.0, 3.0),
+                                    help="p in the sampling weights |cluster(i)|^-p")
+    augment: bool = setting(False, per_dataset=True, help="strong augmentation in the final training; off where a "
+                                                          "dataset has none")
 
 
 def cluster_within_classes(outputs: Tensor, y: Tensor, n_clusters: int, seed: int) -> Tensor:

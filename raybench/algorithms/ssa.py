@@ -12,13 +12,16 @@ from raybench.algorithms.groups import inference_quality, minority_mask
 from raybench.algorithms.registry import register
 from raybench.data.base import ShiftDataset, Split, Task, TaskKind
 from raybench.metrics import accuracy, worst_group_accuracy
+from raybench.settings import AT_LEAST_ONE, OPEN_FRACTION, PROBABILITY, Suggest, setting
 
 
 @dataclass
 class SSAHparams(GroupDROHparams):
-    threshold: float = 0.95  # tau: confidence needed to pseudo-label a training example's attribute
-    labeled_fraction: float = 0.5  # share of the group-labeled validation split that trains the predictor
-    predictor_epochs: int = 3
+    threshold: float = setting(0.95, allowed=PROBABILITY, suggest=Suggest.uniform(0.8, 0.99),
+                               help="tau: confidence needed to pseudo-label a training example's attribute")
+    labeled_fraction: float = setting(0.5, allowed=OPEN_FRACTION, suggest=Suggest.choice(0.3, 0.5, 0.7),
+                                      help="share of the group-labeled validation split that trains the predictor")
+    predictor_epochs: int = setting(3, allowed=AT_LEAST_ONE, help="epochs of the attribute predictor")
 
 
 def split_halves(split: Split, fraction: float, seed: int) -> tuple[Tensor, Tensor]:

@@ -16,6 +16,7 @@ from raybench.algorithms.pretext import (
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
+from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Allowed, setting
 
 
 @dataclass
@@ -24,27 +25,29 @@ class SwAVHparams(PretrainHparams):
 
     Crop scales default to SwAV's ImageNet values (the WILDS datasets use them; their other settings are in
     datasets.yaml); digits-shift sets its own, larger crops and no low-resolution crops (SWAV_PRETRAINING).
+    The fields those datasets set are `per_dataset`. Swapped prediction needs K >= 2 prototypes and two
+    assignment crops.
     """
 
-    augment: bool = True
-    prototypes: int = 30  # K
-    high_crops: int = 2  # assignment crops (codes are computed on these)
-    high_size: int = 16
-    low_crops: int = 4
-    low_size: int = 8
-    high_scale: float = 0.14  # min area fraction of a high-resolution crop (max 1); SwAV's ImageNet value
-    low_scale: float = 0.05  # low-resolution crops cover [low_scale, high_scale] of the image; SwAV's ImageNet value
-    temperature: float = 0.1  # tau
-    sinkhorn_epsilon: float = 0.03  # WILDS; lightly's default is 0.05
-    frozen_prototype_steps: int = 0  # WILDS: 5005 iterations of 400 epochs; scaled with the epochs
-    projection_hidden: int = 2048
-    projection_dim: int = 128
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.prototypes < 2 or self.high_crops < 2 or self.low_crops < 0:
-            raise ValueError(f"prototypes: SwAV needs K >= 2 and >= 2 high-resolution crops, got K={self.prototypes}, "
-                             f"high_crops={self.high_crops}")
+    augment: bool = setting(True, per_dataset=True, help="strong augmentation in fine-tuning (ERM+aug); off where "
+                                                         "a dataset has none")
+    prototypes: int = setting(30, allowed=Allowed(low=2), per_dataset=True, help="K, the number of prototypes")
+    high_crops: int = setting(2, allowed=Allowed(low=2), per_dataset=True,
+                              help="assignment crops (codes are computed on these)")
+    high_size: int = setting(16, allowed=AT_LEAST_ONE, per_dataset=True, help="px of a high-resolution crop")
+    low_crops: int = setting(4, allowed=NON_NEGATIVE, per_dataset=True, help="low-resolution crops per image")
+    low_size: int = setting(8, allowed=AT_LEAST_ONE, per_dataset=True, help="px of a low-resolution crop")
+    high_scale: float = setting(0.14, allowed=Allowed(low=0, high=1, low_open=True), per_dataset=True,
+                                help="min area fraction of a high-resolution crop (max 1); SwAV's ImageNet value")
+    low_scale: float = setting(0.05, allowed=Allowed(low=0, high=1, low_open=True),
+                               help="low-resolution crops cover [low_scale, high_scale] of the image; SwAV's "
+                                    "ImageNet value")
+    temperature: float = setting(0.1, allowed=POSITIVE, help="tau")
+    sinkhorn_epsilon: float = setting(0.03, allowed=POSITIVE, help="WILDS; lightly's default is 0.05")
+    frozen_prototype_steps: int = setting(0, allowed=NON_NEGATIVE, per_dataset=True,
+                                          help="WILDS: 5005 iterations of 400 epochs; scaled with the epochs")
+    projection_hidden: int = setting(2048, allowed=AT_LEAST_ONE, help="width of the projection MLP's hidden layer")
+    projection_dim: int = setting(128, allowed=AT_LEAST_ONE, help="width of the projection (prototype) space")
 
 
 def random_resized_crops(x: Tensor, n: int, size: int, scale: tuple[float, float], out_size: int,

@@ -372,6 +372,7 @@ SWAV_PRETRAINING = {"prototypes": 30, "high_crops": 2, "high_size": 16, "high_sc
 
 @DATASETS.register("digits-shift")
 def build_digits_shift(data_dir: Path, seed: int) -> ShiftDataset:
+    """scikit-learn's digits rendered at 16x16 in 9 styles: train on flat colours, OOD val on stripes, OOD test MNIST-M-like."""
     path = Path(data_dir) / "digits-shift" / f"{cache_key(seed)}.npz"
     arrays = load_or_generate(path, seed)
     splits = {name: domain_split(name, arrays) for name in SPLIT_PLAN}

@@ -1,5 +1,6 @@
-"""Tools for writing search spaces: what a space becomes on a dataset (`raybench space show`) and the exact
-configs a sweep with a seed will run (`raybench space draw`), both without Ray and without training."""
+"""Tools for writing search spaces: a starting file for an algorithm (`raybench space new`), what a space becomes
+on a dataset (`raybench space show`) and the exact configs a sweep with a seed will run (`raybench space draw`),
+all without Ray and without training."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import pandas as pd
+import yaml
 
+from raybench.algorithms import ALGORITHMS, Algorithm
+from raybench.settings import SettingInfo, settings_of
 from raybench.sweep.sampling import config_key, draw_configs
 from raybench.sweep.space import Derived, Param, ResolvedSpace, SearchSpace
 
@@ -114,3 +118,127 @@ def _rule_text(rule: Derived, resolved: ResolvedSpace) -> str:
     values = ", ".join(f"{resolved.materialize({'unlabeled_ratio': k})[rule.name]} (k={k})" for k in ratios)
     return (f"ceil({rule.factor:g} x E / (k + 1)) with E = {resolved.default_epochs} epochs and k the unlabeled "
             f"ratio: {values}")
+
+
+# ----- raybench space new -----------------------------------------------------------------------
+UNLABELED_RATIOS = (3, 7, 15)  # WILDS 2.0 App. D
+UNLABELED_GRAD_ACCUM = 4  # the paper's accumulation steps for methods that use unlabeled data (App. D)
+COMMENT_COLUMN = 44
+
+
+@dataclass(frozen=True)
+class SpaceLine:
+    """One `name: value` line of a space file, its comment, and whether it is written commented out (a value
+    the dataset supplies unless the space sets it)."""
+
+    name: str
+    value: str
+    comment: str
+    commented_out: bool = False
+
+    def render(self, indent: str) -> str:
+        text = f"{'# ' if self.commented_out else ''}{self.name}: {self.value}"
+        return f"{indent}{text:{COMMENT_COLUMN - len(indent)}s}  # {self.comment}".rstrip()
+
+
+def new_space_text(algorithm: str) -> str:
+    """A starting search space for `algorithm` (`raybench space new`): the paper's protocol where it applies, each
+    hyperparameter with a suggested distribution searched, every other one fixed at its default."""
+    cls = ALGORITHMS.get(algorithm)
+    settings = settings_of(cls.Hparams)
+    search = _search_lines(cls, settings)
+    lines = _header_lines(cls, algorithm)
+    lines += [f"algorithm: {algorithm}", f"description: {yaml_scalar(_description(cls, search))}"]
+    lines += _section("search", search, "nothing is searched: one config")
+    lines += _section("fixed", _fixed_lines(cls, settings), "nothing else to fix")
+    derived = _derived_lines(cls)
+    lines += _section("derived", derived, "") if derived else []
+    lines += _dataset_override_lines(cls)
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(cls: type[Algorithm], algorithm: str) -> list[str]:
+    lines = [f"# A starting search space for {algorithm}, written by `raybench space new {algorithm}`.",
+             "# Check it with `raybench space show FILE --dataset D`, then `raybench sweep FILE --smoke`;",
+             "# the format is documented in search_spaces/README.md."]
+    if cls.dataset_settings:
+        lines.append(f"# {algorithm} runs only on datasets that declare {cls.dataset_settings} "
+                     f"(algorithm_hparams.{algorithm}).")
+    return lines
+
+
+def _description(cls: type[Algorithm], search: list[SpaceLine]) -> str:
+    summary = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
+    searched = ", ".join(line.name for line in search) or "nothing"
+    return f"{summary}; searched: {searched}."
+
+
+def _search_lines(cls: type[Algorithm], settings: list[SettingInfo]) -> list[SpaceLine]:
+    lines = []
+    if cls.trains_by_gradient:
+        lines.append(SpaceLine("lr", "{distribution: lr}", "r x 10^U(-1, 1), r the dataset's lr scaled to the "
+                                                           "batch (WILDS 2.0 App. D)"))
+    if cls.uses_unlabeled:
+        lines.append(SpaceLine("unlabeled_ratio", flow({"distribution": "choice", "values": list(UNLABELED_RATIOS)}),
+                               "k unlabeled per labeled example (App. D)"))
+    lines += [SpaceLine(s.name, flow(s.suggest.as_space()), _setting_comment(s)) for s in settings if s.suggest]
+    return lines
+
+
+def _fixed_lines(cls: type[Algorithm], settings: list[SettingInfo]) -> list[SpaceLine]:
+    lines = []
+    if cls.models is not None:
+        models = sorted(cls.models)
+        lines.append(SpaceLine("model", models[0], f"{cls.name} runs on {' or '.join(models)} only"))
+    if cls.uses_unlabeled:
+        lines.append(SpaceLine("grad_accum", str(UNLABELED_GRAD_ACCUM), "the paper's accumulation for methods that "
+                                                                        "use unlabeled data (App. D)"))
+    for s in settings:
+        if s.suggest:
+            continue
+        comment = _setting_comment(s) + ("; the dataset's own unless set here" if s.per_dataset else "")
+        lines.append(SpaceLine(s.name, yaml_scalar(s.default), comment, commented_out=s.per_dataset))
+    return lines
+
+
+def _setting_comment(setting: SettingInfo) -> str:
+    return f"{setting.type}, default {yaml_scalar(setting.default)}; {setting.allowed}"
+
+
+def _derived_lines(cls: type[Algorithm]) -> list[SpaceLine]:
+    lines = []
+    if cls.trains_by_gradient:
+        lines.append(SpaceLine("batch_size", "{rule: max_batch_size}", "WILDS datasets: MAX_BS of the paper's "
+                                                                       "sweep (App. D); others: their default batch"))
+    if cls.uses_unlabeled:
+        factor = f"{cls.ratio_epochs_factor:g}"
+        lines.append(SpaceLine("epochs", f"{{rule: ratio_epochs, factor: {factor}}}",
+                               f"ceil({factor} E / (k + 1)): compute about constant across k"))
+    return lines
+
+
+def _dataset_override_lines(cls: type[Algorithm]) -> list[str]:
+    """digits-shift is CPU-sized: the shipped spaces drop the paper's accumulation there."""
+    if not cls.uses_unlabeled:
+        return []
+    return ["datasets:", "  digits-shift:",
+            SpaceLine("fixed", "{grad_accum: 1}", "CPU-sized: no accumulation on the embedded data").render("    ")]
+
+
+def _section(name: str, lines: list[SpaceLine], when_empty: str) -> list[str]:
+    if not lines:
+        return [f"{name}: {{}}  # {when_empty}"]
+    return [f"{name}:"] + [line.render("  ") for line in lines]
+
+
+def flow(mapping: dict[str, Any]) -> str:
+    """A one-line YAML mapping: {distribution: choice, values: [3, 7, 15]}."""
+    def value_text(value: Any) -> str:
+        return "[" + ", ".join(yaml_scalar(v) for v in value) + "]" if isinstance(value, list) else yaml_scalar(value)
+
+    return "{" + ", ".join(f"{key}: {value_text(value)}" for key, value in mapping.items()) + "}"
+
+
+def yaml_scalar(value: Any) -> str:
+    """One scalar as YAML writes it (null, true, 1.0e-05, a quoted string where plain text would misread)."""
+    return yaml.safe_dump([value], default_flow_style=True, width=1 << 20).strip()[1:-1]

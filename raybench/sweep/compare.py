@@ -62,6 +62,8 @@ class MethodRow:
     trial_seconds: Optional[float] = None  # compute, search + replicates; None when the sweep did not record it
     cpu_seconds: Optional[float] = None
     gpu_seconds: Optional[float] = None
+    blind: str = ""  # the sweep's own finding that its selection could not see (results.blindness), else ""
+    blind_everywhere: bool = False  # no finished trial's selection metric moved: the selection was by chance
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,14 @@ def compare(summaries: Sequence[dict[str, Any]], unfinished: Sequence[Unfinished
     return Comparison(tables, left)
 
 
+def from_records(records: Sequence[Any], selection: Optional[str] = None) -> Comparison:
+    """The comparison of sweeps read back from the store (raybench.tracking.SweepRecord), in their order;
+    those that recorded no results yet are listed as unfinished with where they stand."""
+    unfinished = [UnfinishedSweep(r.name, r.dataset, r.algorithm, f"{r.state_line}; no results were recorded yet")
+                  for r in records if r.summary is None]
+    return compare([r.summary for r in records if r.summary], unfinished, selection)
+
+
 def _not_comparable(summary: dict[str, Any]) -> Optional[str]:
     state = summary.get("tracking_state", summary.get("state", "finished"))
     if state != "finished" or summary.get("state", "finished") != "finished":
@@ -158,8 +168,14 @@ def _row(summary: dict[str, Any], columns: list[Column]) -> MethodRow:
         analysis_only=_analysis_only(summary["selection"]),
         trials=len(summary["trials"]), trials_ok=sum(t["status"] in ("ok", "stopped early") for t in summary["trials"]),
         replicates=len(summary["replicates"]["seeds"]), replicates_ok=int(summary["replicates"]["ok"]), cells=cells,
+        blind=summary.get("selection_blind") or "", blind_everywhere=_blind_everywhere(summary["trials"]),
         **{name: _total(compute, key) for name, key in (("trial_seconds", "wall_s"), ("cpu_seconds", "cpu_s"),
                                                          ("gpu_seconds", "gpu_s"))})
+
+
+def _blind_everywhere(trials: list[dict[str, Any]]) -> bool:
+    finished = [t for t in trials if t["status"] == "ok"]
+    return bool(finished) and all(t.get("selection_blind") for t in finished)
 
 
 def _selection_words(summary: dict[str, Any]) -> str:
@@ -231,7 +247,7 @@ def _display_frame(table: DatasetTable, rows: list[MethodRow], mark: Any) -> pd.
     records = []
     for row in rows:
         trials, replicates = _counts(row)
-        record = {"method": row.method, "selection": row.selection_label}
+        record = {"method": row.method, "selection": row.selection_label + (" (BLIND)" if row.blind_everywhere else "")}
         for column in table.columns:
             cell = row.cells.get(column.key)
             record[column.label] = mark(cell.text(), cell.mark) if cell else "n/a"
@@ -253,6 +269,11 @@ def _legend(table: DatasetTable, best: str, within: str) -> str:
             f"Compute: trial-seconds of the search and the replicates together.")
 
 
+def _blind_lines(table: DatasetTable) -> list[str]:
+    """A row whose search could not tell its configs apart is marked, never passed off as a selection."""
+    return [f"Selection blind: {row.method} ({row.sweep}): {row.blind}." for row in table.rows if row.blind]
+
+
 def _unfinished_lines(comparison: Comparison) -> list[str]:
     if not comparison.unfinished:
         return []
@@ -269,7 +290,7 @@ def as_table(comparison: Comparison) -> str:
         if table.analysis_only:
             out += ["", "Analysis only (selected on the test split itself, not a valid protocol; not ranked):",
                     _display_frame(table, table.analysis_only, lambda text, mark: text).to_string(index=False)]
-        out += ["", _legend(table, "**", "*"), ""]
+        out += ["", _legend(table, "**", "*"), *_blind_lines(table), ""]
     if not comparison.tables:
         out.append("No finished sweep matches.")
     out += _unfinished_lines(comparison)
@@ -281,7 +302,8 @@ def as_markdown(comparison: Comparison) -> str:
     out: list[str] = []
     for table in comparison.tables:
         frame = _display_frame(table, table.ranked + table.analysis_only, lambda text, mark: emphasis[mark].format(text))
-        out += [f"**{_heading(table)}**", "", _markdown_rows(frame), "", _legend(table, "Bold:", "italic:"), ""]
+        out += [f"**{_heading(table)}**", "", _markdown_rows(frame), "", _legend(table, "Bold:", "italic:"),
+                *_blind_lines(table), ""]
     if not comparison.tables:
         out.append("No finished sweep matches.")
     out += _unfinished_lines(comparison)
@@ -315,6 +337,7 @@ def as_latex(comparison: Comparison) -> str:
     for table in comparison.tables:
         out += [f"% raybench compare: {latex_escape(_heading(table))}",
                 f"% bold: best {latex_escape(table.rank_label)}; underlined: within one std of it",
+                *(f"% {latex_escape(line)}" for line in _blind_lines(table)),
                 f"\\begin{{tabular}}{{l{'c' * len(table.columns)}}}", "\\toprule",
                 " & ".join(["Method", *(latex_escape(c.label) for c in table.columns)]) + " \\\\", "\\midrule"]
         out += [_latex_row(table, row) for row in table.ranked]
@@ -338,7 +361,8 @@ def records(comparison: Comparison) -> list[dict[str, Any]]:
             record: dict[str, Any] = {"dataset": table.dataset, "method": row.method, "sweep": row.sweep,
                                       "algorithm": row.algorithm, "selection": row.selection,
                                       "analysis_only": row.analysis_only, "trials": row.trials, "trials_ok": row.trials_ok,
-                                      "replicates": row.replicates, "replicates_ok": row.replicates_ok}
+                                      "replicates": row.replicates, "replicates_ok": row.replicates_ok,
+                                      "selection_blind": row.blind, "selection_blind_everywhere": row.blind_everywhere}
             for column in table.columns:
                 cell = row.cells.get(column.key)
                 record.update({f"{column.key}.mean": cell.mean if cell else None,

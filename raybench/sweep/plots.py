@@ -34,7 +34,7 @@ from raybench.labels import METRIC_LABELS  # noqa: E402
 from raybench.sweep.results import split_labels  # noqa: E402
 
 if TYPE_CHECKING:
-    from raybench.sweep.compare import DatasetTable
+    from raybench.sweep.compare import Comparison, DatasetTable
 
 LOG, LINEAR, CATEGORICAL = "log", "linear", "categorical"  # Param.scale's names (raybench.sweep.space)
 BEST_STYLE = {"marker": "o", "s": 260, "facecolors": "none", "edgecolors": "tab:red", "linewidths": 2, "zorder": 3}
@@ -198,13 +198,19 @@ def comparison_figure(table: "DatasetTable") -> Figure:
     if table.analysis_only:  # the oracle rows stand apart: they are not a result of the protocol
         ax.axvline(len(table.ranked) - 0.5, color="gray", linestyle=":", linewidth=1)
     metrics = dict.fromkeys(AXIS_WORDS.get(m, METRIC_LABELS.get(m, m)) for m in (c.key.partition("/")[2] for c in table.columns))
-    ax.set_ylabel(f"{', '.join(metrics)} (%), mean ± std over replicates")
+    ax.set_ylabel(f"{', '.join(metrics)} (%)\nmean ± std over replicates")  # two lines: fits a 4.8-inch axis
     ax.set_xlabel("method (search space), selected on its validation metric")
     ax.set_title(f"{table.dataset}: methods compared", fontsize="medium")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(loc="best", fontsize="small")
     figure.tight_layout()
     return figure
+
+
+def comparison_figures(comparison: "Comparison", filename: str) -> dict[str, Figure]:
+    """One figure per dataset: `filename` itself for one, its stem + `-<dataset>` for several."""
+    stem, several = Path(filename).stem, len(comparison.tables) > 1
+    return {(f"{stem}-{t.dataset}.png" if several else filename): comparison_figure(t) for t in comparison.tables}
 
 
 def save(figures: Mapping[str, Figure], directory: Path) -> list[Path]:

@@ -35,6 +35,7 @@ import re
 import signal
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,7 @@ from ray.train.v2._internal.callbacks.datasets import DatasetsCallback  # noqa: 
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler  # noqa: E402
 from ray.tune.search.optuna import OptunaSearch  # noqa: E402
+from ray.util.queue import Empty as QueueEmpty, Queue as RayQueue  # noqa: E402
 
 from raybench.sweep.errors import ClusterError  # noqa: E402
 from raybench.sweep.progress import StageProgress  # noqa: E402
@@ -210,6 +212,13 @@ def connect(address: Optional[str], driver_slots: int) -> bool:
     return True
 
 
+def start_shared_cluster(driver_slots: int) -> str:
+    """A private local Ray for a whole benchmark, started by this process; its sweeps, each a process of
+    its own, join it at the returned GCS address, so their trials share its CPUs through Ray's scheduler."""
+    connect(None, driver_slots)
+    return str(ray.get_runtime_context().gcs_address)
+
+
 def probe_address(address: str, timeout_s: float = 5.0) -> None:
     """Fail within `timeout_s` when nothing listens at a host:port address: ray.init would otherwise retry
     for minutes, deaf to SIGTERM. 'auto' and other non host:port forms are left to Ray."""
@@ -266,9 +275,8 @@ def trial_timing(started: float, last: dict[str, Any], gpus: float) -> dict[str,
 def _finish(completed: "CompletedRuns", key: str, last: dict[str, Any], started: float, gpus: float,
             stopped: bool) -> None:
     """Record the finished run: the last epoch's report plus its timing, and whether a scheduler stopped it
-    early. Nothing more is reported to Tune: a `tune.report` from the driver after Train's `fit()` returned
-    can deadlock Tune's session (its main thread forwarding Train's last report and this thread both block
-    on the same one-slot queue). The sweep's callbacks and `collect` read the record instead."""
+    early. Tune has had every report already (ReportRelay); the sweep's callbacks and `collect` read this
+    record, which also lets a resumed sweep replay the run instead of training it again."""
     completed.save(key, {**last, **trial_timing(started, last, gpus), STOPPED_KEY: stopped, TIMING_REPORT: True})
 
 
@@ -381,6 +389,41 @@ def _keep(metrics: Optional[dict[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
+class ReportRelay:
+    """Passes a Ray Train run's reports to Tune from the trial driver's own thread, while `fit()` runs in a
+    second thread: every report, the last one included, reaches Tune before the driver function returns and
+    Tune's end-of-trial marker follows it (see ray_worker.WorkersReportCallback for the deadlock it avoids)."""
+
+    POLL_S = 0.5  # how long one wait on the queue lasts before the fit thread is looked at again
+
+    def __init__(self) -> None:
+        self.queue = RayQueue(actor_options={"num_cpus": 0})
+
+    def callback(self) -> WorkersReportCallback:
+        return WorkersReportCallback(self.queue)
+
+    def fit(self, trainer: Any) -> Any:
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = trainer.fit()
+            except BaseException as err:  # re-raised in the driver thread, after the reports it left
+                outcome["error"] = err
+
+        thread = threading.Thread(target=run, name="raybench-train-fit", daemon=True)
+        thread.start()
+        while thread.is_alive() or not self.queue.empty():  # a report is queued before fit() can return
+            try:
+                tune.report(self.queue.get(timeout=self.POLL_S))
+            except QueueEmpty:
+                continue
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+
+
 def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
     """The Tune trainable for `spec.executor`, with its resource request."""
     resources = spec.resources
@@ -399,6 +442,7 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         os.environ.update(path.env())  # read by Train when the run starts, in this process and passed on
         trial_id = tune.get_context().get_trial_id()
         name = f"{key}-{trial_id}"
+        relay = ReportRelay()
         trainer = trainer_class(
             train_worker_loop,
             train_loop_config={"config": config, "threads": resources.cpus_per_worker,
@@ -409,14 +453,14 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
             ),
             run_config=ray.train.RunConfig(
                 name=name, storage_path=str(spec.storage / spec.name / "train"),
-                callbacks=[WorkersReportCallback()],
+                callbacks=[relay.callback()],
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
                 failure_config=ray.train.FailureConfig(max_failures=resources.max_failures,
                                                        controller_failure_limit=resources.max_failures),
             ),
             train_path=path,
         )
-        result = trainer.fit()
+        result = relay.fit(trainer)
         _raise_if_failed(result.metrics)
         last = {**_keep(result.metrics), "checkpoint_path": result.checkpoint.path if result.checkpoint else None}
         _finish(completed, key, last, started, resources.gpus_per_worker * resources.workers,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import ray.train
-from ray.tune.integration.ray_train import TuneReportCallback
+from ray.train.v2.api.callback import UserCallback
 
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 
@@ -27,6 +27,7 @@ STAGES_KEY = "stages"  # JSON list of the multi-stage method's earlier stages, c
 SEARCH_METRIC = "selection/best"
 CPU_KEY = "time/cpu_s"
 EPOCHS_DONE = "epochs_done"  # what an early-stopping scheduler counts its rungs in
+CHECKPOINT_PATH_KEY = "checkpoint_path"  # where Train persisted a report's checkpoint (as TuneReportCallback names it)
 
 
 @dataclass
@@ -68,12 +69,25 @@ def flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
     return metrics
 
 
-class WorkersReportCallback(TuneReportCallback):
-    """Ray's TuneReportCallback forwards rank 0's report alone; this one first sums every worker's
-    CPU-seconds into it, so a data-parallel trial's compute counts all of its workers."""
+class WorkersReportCallback(UserCallback):
+    """In the run's controller: each report (rank 0's metrics with every worker's CPU-seconds summed in, so a
+    data-parallel trial's compute counts all of its workers, and the checkpoint's path) into `queue`, a Ray
+    queue the trial driver reads.
+
+    Ray's TuneReportCallback instead has Tune's session take the reports in the trial actor's main thread,
+    which deadlocks (Ray 2.60) when the run's last report is still queued as the driver function returns:
+    Tune's wrapper then reports its end marker from the driver thread into the same one-slot queue, and the
+    main thread blocks forever putting the last report behind it. The trial stays RUNNING with its last epoch
+    lost. The driver (ray_backend.ReportRelay) reports from its own thread, so the marker comes last."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Optional[Any]) -> None:
-        super().after_report(run_context, with_workers_cpu(metrics), checkpoint)
+        item = dict(with_workers_cpu(metrics)[0])
+        if checkpoint is not None:
+            item[CHECKPOINT_PATH_KEY] = checkpoint.path
+        self.queue.put(item)
 
 
 def with_workers_cpu(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -68,6 +68,7 @@ class SweepOptions:
     grace_period: int = 1  # asha: epochs every trial runs before it can be stopped
     reduction_factor: float = 3.0  # asha: keep the top 1/reduction_factor at each rung
     extra_fixed: dict[str, Any] = field(default_factory=dict)
+    parent_run: Optional[str] = None  # an MLflow run (a benchmark's) to nest the sweep's parent run under
 
     def sweep_name(self, algorithm: str) -> str:
         return self.name or safe_name(f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}")
@@ -201,7 +202,7 @@ def run_sweep(prepared: Prepared) -> dict[str, Any]:
         tags = base_tags(opts.dataset, prepared.algorithm)
         if opts.resume_command:
             tags[RESUME_TAG] = opts.resume_command
-        tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags)
+        tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags, parent_run=opts.parent_run)
         try:
             summary = _search_and_replicate(prepared, tracker, backend, resources, tags)
         except BaseException as err:
@@ -273,6 +274,7 @@ def _sweep_params(prepared: Prepared) -> dict[str, Any]:
     opts = dataclasses.asdict(prepared.options)
     opts.pop("extra_fixed")
     opts.pop("resume_command")
+    opts.pop("parent_run")
     opts["tracking_uri"] = redact_uri(prepared.tracking_uri)
     opts["address"] = redact_uri(opts["address"])
     return {**opts, "selection_metric": prepared.selection_metric,

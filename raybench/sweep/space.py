@@ -200,9 +200,15 @@ def load_space(name_or_path: str) -> SearchSpace:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in SEARCH_DIR.glob("*.yaml")))
         raise SpaceError(path, "file", str(path), f"an existing YAML file or one of: {known}")
+    return parse_space(read_yaml(path), path)
+
+
+def read_yaml(path: Path) -> Any:
+    """The file parsed with duplicate keys refused; a problem is one SpaceError naming the file and the line
+    (search spaces and benchmark files alike)."""
     text = read_text(path)
     try:
-        data = yaml.load(text, Loader=StrictLoader)
+        return yaml.load(text, Loader=StrictLoader)
     except DuplicateKeyError as err:
         raise SpaceError(path, f"line {err.line}", err.key,
                          f"each key once per mapping (first on line {err.first_line})") from None
@@ -210,7 +216,6 @@ def load_space(name_or_path: str) -> SearchSpace:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "file"
         raise SpaceError(path, where, getattr(err, "problem", str(err)), "valid YAML") from None
-    return parse_space(data, path)
 
 
 def parse_space(data: Any, path: Path) -> SearchSpace:

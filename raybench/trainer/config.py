@@ -17,7 +17,12 @@ from raybench.algorithms import ALGORITHMS
 from raybench.algorithms.base import coerce
 from raybench.data.base import ShiftDataset
 from raybench.models import MODELS, ModelSpec, build_model
+from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Allowed, find_problem, setting
 from raybench.trainer.optim import OPTIMIZERS, SCHEDULES
+
+
+DEVICE_PATTERN = re.compile(r"cuda(?::(\d+))?")
+DEVICE_PATTERN_TEXT = r"auto|cpu|" + DEVICE_PATTERN.pattern
 
 
 class ConfigError(ValueError):
@@ -30,32 +35,45 @@ class ConfigError(ValueError):
 
 @dataclass
 class TrainConfig:
-    dataset: str = "digits-shift"
-    algorithm: str = "erm"
-    model: Optional[str] = None
-    model_weights: Optional[str] = None
-    optimizer: Optional[str] = None
-    lr: Optional[float] = None
-    weight_decay: Optional[float] = None
-    momentum: Optional[float] = None
-    scheduler: Optional[str] = None
-    batch_size: Optional[int] = None
-    unlabeled_ratio: Optional[int] = None
-    unlabeled_split: Optional[str] = None
-    epochs: Optional[int] = None
-    grad_accum: int = 1
-    grad_clip: Optional[float] = None
-    patience: Optional[int] = None
-    seed: int = 0
-    max_steps_per_epoch: Optional[int] = None
-    selection_metric: Optional[str] = None
-    data_dir: Optional[str] = None
-    data_seed: int = 0
-    stage_cache: Optional[str] = None
-    device: str = "auto"
-    eval_batch_size: int = 512
-    prefetch: int = 2  # batches read ahead of the step computing when inputs come from disk; 0: read on demand
-    input_size: Optional[int] = None  # images read and models built at N x N (WILDS datasets); None: the dataset's
+    """Every field below is one setting; `setting(...)` declares its range (checked in `validate`) and help line."""
+
+    dataset: str = setting("digits-shift", help="a registered dataset (raybench list datasets)")
+    algorithm: str = setting("erm", help="a registered algorithm (raybench list algorithms)")
+    model: Optional[str] = setting(None, help="a registered model (raybench list models); none: the dataset's")
+    model_weights: Optional[str] = setting(None, help="pretrained weights of the model (a local file or folder); "
+                                                      "none: the dataset's for its default model")
+    optimizer: Optional[str] = setting(None, allowed=Allowed(choices=tuple(OPTIMIZERS)),
+                                       help="none: the dataset's")
+    lr: Optional[float] = setting(None, allowed=POSITIVE, help="learning rate; none: the dataset's")
+    weight_decay: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="none: the dataset's")
+    momentum: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="SGD and LARS momentum; none: the dataset's")
+    scheduler: Optional[str] = setting(None, allowed=Allowed(choices=tuple(k for k in SCHEDULES if k is not None)),
+                                       help="learning-rate schedule; none: the dataset's (often constant)")
+    batch_size: Optional[int] = setting(None, allowed=Allowed(low=2), help="labeled + unlabeled examples per step; "
+                                                                           "none: the dataset's")
+    unlabeled_ratio: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="k: k unlabeled per labeled example in a "
+                                                                              "batch; none: the dataset's")
+    unlabeled_split: Optional[str] = setting(None, help="the split unlabeled batches come from; none: the dataset's")
+    epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="passes over the labeled data; none: the "
+                                                                     "dataset's")
+    grad_accum: int = setting(1, allowed=AT_LEAST_ONE, help="batches accumulated per optimiser step")
+    grad_clip: Optional[float] = setting(None, allowed=POSITIVE, help="gradient-norm clip; none: the dataset's")
+    patience: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="early stopping: epochs without a better "
+                                                                       "selection metric; none: never stop early")
+    seed: int = setting(0, help="seeds the model, the batches and the augmentation")
+    max_steps_per_epoch: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="cut each epoch short (smoke runs)")
+    selection_metric: Optional[str] = setting(None, help="split/metric that picks the best epoch; none: the dataset's")
+    data_dir: Optional[str] = setting(None, help="where datasets are cached; none: $RAYBENCH_DATA_DIR or the default")
+    data_seed: int = setting(0, help="seeds the generated datasets (digits-shift, spuco-*)")
+    stage_cache: Optional[str] = setting(None, help="folder where earlier stages (reference models, pre-training) "
+                                                    "are cached")
+    device: str = setting("auto", allowed=Allowed(pattern=DEVICE_PATTERN_TEXT, words="auto, cpu or cuda[:N]"),
+                          help="auto: a GPU when there is one")
+    eval_batch_size: int = setting(512, allowed=AT_LEAST_ONE, help="examples per evaluation batch")
+    prefetch: int = setting(2, allowed=Allowed(low=0), help="batches read ahead of the step computing when inputs "
+                                                            "come from disk; 0: read on demand")
+    input_size: Optional[int] = setting(None, allowed=Allowed(low=8), help="images read and models built at N x N "
+                                                                           "(WILDS datasets); none: the dataset's")
     hparams: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -90,32 +108,10 @@ class TrainConfig:
         types = {f.name: f.type for f in dataclasses.fields(self)}
         for key in self.field_names():
             refuse_bool(key, getattr(self, key), types[key])
-        checks = {
-            "lr": (self.lr, lambda v: math.isfinite(v) and v > 0, "a finite positive number"),
-            "weight_decay": (self.weight_decay, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
-            "momentum": (self.momentum, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
-            "batch_size": (self.batch_size, lambda v: v >= 2, "an integer >= 2"),
-            "unlabeled_ratio": (self.unlabeled_ratio, lambda v: v >= 1, "an integer >= 1"),
-            "epochs": (self.epochs, lambda v: v >= 1, "an integer >= 1"),
-            "grad_accum": (self.grad_accum, lambda v: v >= 1, "an integer >= 1"),
-            "patience": (self.patience, lambda v: v >= 1, "an integer >= 1"),
-            "max_steps_per_epoch": (self.max_steps_per_epoch, lambda v: v >= 1, "an integer >= 1"),
-            "eval_batch_size": (self.eval_batch_size, lambda v: v >= 1, "an integer >= 1"),
-            "prefetch": (self.prefetch, lambda v: v >= 0, "an integer >= 0"),
-            "input_size": (self.input_size, lambda v: v >= 8, "an integer >= 8"),
-            "grad_clip": (self.grad_clip, lambda v: math.isfinite(v) and v > 0, "a finite positive number"),
-            "device": (self.device, lambda v: v in ("auto", "cpu") or DEVICE_PATTERN.fullmatch(v) is not None,
-                       "auto, cpu or cuda[:N]"),
-        }
-        names = {"optimizer": (self.optimizer, list(OPTIMIZERS)), "scheduler": (self.scheduler, list(SCHEDULES))}
-        for key, (value, options) in names.items():
-            if value is not None and value not in options:
-                shown = ", ".join(str(o) for o in options if o is not None)
-                raise ConfigError(key, f"expected one of {shown}, got {value!r}")
-        for key, (value, ok, expected) in checks.items():
-            if value is not None and not ok(value):
-                raise ConfigError(key, f"expected {expected}, got {value!r}")
-        for key in self.field_names():  # float settings without a range check above
+        problem = find_problem(self)  # the ranges declared on the fields
+        if problem:
+            raise ConfigError(problem.name, problem.detail)
+        for key in self.field_names():  # float settings declared without a range
             refuse_non_finite(key, getattr(self, key))
         hparam_types = {f.name: f.type for f in dataclasses.fields(ALGORITHMS.get(self.algorithm).Hparams)}
         for key, value in self.hparams.items():
@@ -128,7 +124,7 @@ class TrainConfig:
             except ValueError as err:
                 raise ConfigError(key, str(err).partition(": ")[2]) from None
             refuse_non_finite(key, coerced)
-        try:  # the dataclass's own checks (e.g. DFR's C grid), before any work
+        try:  # the ranges declared on its fields and its own checks (e.g. DFR's C grid), before any work
             ALGORITHMS.get(self.algorithm).Hparams.from_dict(self.hparams, self.algorithm)
         except ValueError as err:
             key, _, detail = str(err).partition(": ")
@@ -221,9 +217,6 @@ class TrainConfig:
         k = self.unlabeled_ratio
         unlabeled = int(k / (k + 1) * self.batch_size)
         return self.batch_size - unlabeled, unlabeled
-
-
-DEVICE_PATTERN = re.compile(r"cuda(?::(\d+))?")
 
 
 def numeric_kind(annotation: Any) -> Optional[str]:

@@ -347,4 +347,6 @@ def register_all() -> None:
     from raybench.data import DATASETS
 
     for name, spec in SPECS.items():
-        DATASETS.register(name)(partial(build_wilds, spec))
+        builder = partial(build_wilds, spec)
+        builder.__doc__ = f"WILDS {name} ({spec.inputs} {spec.task.value}, selected on {spec.selection}); the real data"
+        DATASETS.register(name)(builder)

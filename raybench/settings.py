@@ -1,0 +1,254 @@
+"""Settings declared once, on the dataclass field: its allowed range, a suggested search distribution, a help line.
+
+`TrainConfig` and every algorithm's `Hparams` declare their fields with `setting(...)`, so the range a value is
+checked against (`check_allowed`), what `raybench list settings` prints and what `raybench space new` writes all
+come from the same declaration and cannot drift apart. No imports beyond the standard library: the trainer, the
+algorithms and the command line all read it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import MISSING, dataclass
+from typing import Any, Optional
+
+METADATA_KEY = "raybench.setting"
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values a setting accepts: numbers within bounds (each end open or closed), one of `choices`, or text
+    matching `pattern` (said in `words`, e.g. "auto, cpu or cuda[:N]"). None is allowed when the type is Optional."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[Any, ...] = ()
+    pattern: Optional[str] = None
+    words: str = ""
+
+    def admits(self, value: Any) -> bool:
+        if self.choices:
+            return value in self.choices
+        if self.pattern is not None:
+            return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return False
+        if not math.isfinite(number):
+            return False
+        above = self.low is None or (number > self.low if self.low_open else number >= self.low)
+        below = self.high is None or (number < self.high if self.high_open else number <= self.high)
+        return above and below
+
+    def text(self, kind: str) -> str:
+        """The range in words, e.g. "a finite positive number", "an integer >= 1", "one of sgd, adam"."""
+        if self.words:
+            return self.words
+        if self.choices:
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        if self.pattern is not None:
+            return f"text matching {self.pattern}"
+        noun = "an integer" if kind == "int" else "a finite number"
+        if self.high is None and self.low is not None:
+            if self.low == 0 and self.low_open and kind != "int":
+                return "a finite positive number"
+            return f"{noun} {'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None and self.high is not None:
+            return f"{noun} {'<' if self.high_open else '<='} {self.high:g}"
+        if self.low is None or self.high is None:
+            return noun
+        if self.low_open and self.high_open:
+            return f"{noun} strictly between {self.low:g} and {self.high:g}"
+        return f"{noun} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def problem(self, value: Any, kind: str) -> Optional[str]:
+        """What is wrong with `value` ("expected a finite number > 0, got -1.0" style), or None if it is allowed."""
+        return None if self.admits(value) else f"expected {self.text(kind)}, got {value!r}"
+
+
+# The ranges most settings share; a redeclared field (a subclass's own default) reuses the base's constant.
+POSITIVE = Allowed(low=0, low_open=True)  # learning rates, temperatures
+NON_NEGATIVE = Allowed(low=0)  # penalties, weight decays
+AT_LEAST_ONE = Allowed(low=1)  # counts: epochs, steps, batch sizes
+PROBABILITY = Allowed(low=0, high=1)  # confidence thresholds, dropout
+OPEN_FRACTION = Allowed(low=0, high=1, low_open=True, high_open=True)  # a share that must leave something on both sides
+
+
+@dataclass(frozen=True)
+class Suggest:
+    """Where a search over this setting should start (`raybench space new` writes it under `search:`), in the
+    search-space format: `loguniform` / `uniform` over [low, high], or `choice` among `values`."""
+
+    distribution: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    values: tuple[Any, ...] = ()
+
+    @classmethod
+    def loguniform(cls, low: float, high: float) -> "Suggest":
+        return cls("loguniform", low=low, high=high)
+
+    @classmethod
+    def uniform(cls, low: float, high: float) -> "Suggest":
+        return cls("uniform", low=low, high=high)
+
+    @classmethod
+    def choice(cls, *values: Any) -> "Suggest":
+        return cls("choice", values=tuple(values))
+
+    def as_space(self) -> dict[str, Any]:
+        """The mapping a search-space file holds for this distribution."""
+        if self.distribution == "choice":
+            return {"distribution": "choice", "values": list(self.values)}
+        return {"distribution": self.distribution, "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What `setting` stores in a field's metadata.
+
+    `per_dataset`: datasets are expected to supply this value (their `algorithm_hparams`, or `augment` turned off
+    where they have no strong augmentation), so `raybench space new` leaves it to them: a space that fixed it would
+    override every dataset's choice.
+    """
+
+    allowed: Optional[Allowed] = None
+    suggest: Optional[Suggest] = None
+    help: str = ""
+    per_dataset: bool = False
+
+
+def setting(default: Any = MISSING, *, default_factory: Any = MISSING,
+            allowed: Optional[Allowed] = None, suggest: Optional[Suggest] = None, help: str = "",
+            per_dataset: bool = False) -> Any:
+    """A dataclass field carrying its allowed range, suggested search distribution and help line."""
+    declared = Declared(allowed, suggest, help, per_dataset)
+    if default_factory is not MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata={METADATA_KEY: declared})
+    return dataclasses.field(default=default, metadata={METADATA_KEY: declared})
+
+
+def declared(field: dataclasses.Field) -> Declared:
+    """The field's declaration; a plain field (no `setting`) declares nothing beyond its type."""
+    return field.metadata.get(METADATA_KEY, Declared())
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """A field's annotation read the way `coerce` reads it: the base kind and whether None is allowed."""
+
+    kind: str  # bool, int, float or str
+    optional: bool
+
+    @classmethod
+    def of(cls, annotation: Any) -> "FieldType":
+        text = str(annotation).replace("typing.", "")
+        kind = next((t for t in ("bool", "int", "float", "str") if t in text), "str")
+        return cls(kind, "Optional" in text or "None" in text)
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind} or none" if self.optional else self.kind
+
+
+TYPE_RANGES = {"bool": "true/false", "int": "an integer", "float": "any finite number", "str": "text"}
+
+
+def allowed_text(field: dataclasses.Field) -> str:
+    """The field's allowed range in words: its `Allowed`, else what its type alone admits; ", or none" if Optional."""
+    kind = FieldType.of(field.type)
+    allowed = declared(field).allowed
+    text = allowed.text(kind.kind) if allowed else TYPE_RANGES[kind.kind]
+    return f"{text}, or none" if kind.optional else text
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A value outside its field's allowed range: the field and "expected ..., got ..."."""
+
+    name: str
+    detail: str
+
+
+def find_problem(instance: Any) -> Optional[Problem]:
+    """The first field (in declaration order) whose value its `Allowed` refuses. None passes: coercion lets it into
+    Optional fields only, where it means "the default's source decides"."""
+    for field in dataclasses.fields(instance):
+        allowed, value = declared(field).allowed, getattr(instance, field.name)
+        if allowed is None or value is None:
+            continue
+        detail = allowed.problem(value, FieldType.of(field.type).kind)
+        if detail:
+            return Problem(field.name, detail)
+    return None
+
+
+def check_allowed(instance: Any) -> None:
+    """Raise ValueError("<field>: expected ..., got ...") for the first value outside its declared range."""
+    problem = find_problem(instance)
+    if problem:
+        raise ValueError(f"{problem.name}: {problem.detail}")
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    """One setting as `raybench list settings` shows it and `raybench space new` writes it."""
+
+    name: str
+    type: str
+    default: Any
+    allowed: str
+    help: str
+    suggest: Optional[Suggest]
+    owner: str  # the class that declares the field (a base class for inherited settings)
+    per_dataset: bool
+
+
+def settings_of(cls: type) -> list[SettingInfo]:
+    """Every field of the dataclass `cls`, in declaration order, with or without `setting` metadata."""
+    return [SettingInfo(name=f.name, type=FieldType.of(f.type).text, default=default_of(f), allowed=allowed_text(f),
+                        help=declared(f).help, suggest=declared(f).suggest, owner=owner_of(cls, f.name),
+                        per_dataset=declared(f).per_dataset)
+            for f in dataclasses.fields(cls)]
+
+
+def default_of(field: dataclasses.Field) -> Any:
+    if field.default is not MISSING:
+        return field.default
+    if field.default_factory is not MISSING:
+        return field.default_factory()
+    return MISSING
+
+
+def owner_of(cls: type, name: str) -> str:
+    """The most derived class in `cls`'s MRO that declares `name` itself."""
+    return next(k.__name__ for k in cls.__mro__ if name in k.__dict__.get("__annotations__", {}))
+
+
+def default_text(value: Any) -> str:
+    """A default as the command line takes it (`--set key=none`, `true`), for `raybench list settings`."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value or '""'
+    return str(value)
+
+
+def settings_table(title: str, settings: list[SettingInfo], notes: dict[str, str]) -> str:
+    """A titled table of settings: name, type, default, allowed range, help (with any note for that name)."""
+    if not settings:
+        return f"{title}:\n  (none)"
+    rows = [("name", "type", "default", "allowed", "help")]
+    for s in settings:
+        extra = [s.help] + (["the dataset's own unless set"] if s.per_dataset else []) + [notes.get(s.name, "")]
+        rows.append((s.name, s.type, default_text(s.default), s.allowed, "; ".join(e for e in extra if e)))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [f"{title}:"]
+    lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4] for row in rows]
+    return "\n".join(line.rstrip() for line in lines)

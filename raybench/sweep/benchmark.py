@@ -1,0 +1,449 @@
+"""`raybench benchmark`: every (dataset, search space) pair of a benchmark file swept on one Ray cluster, as
+one command (and so one `ray job submit`), resumable as a whole, with one MLflow parent run over its sweeps.
+
+Each pair runs as its own `raybench sweep` process joined to the shared cluster:
+- a pair is exactly the sweep a user would run by hand: the same checks, records, resume and results;
+- a pair that crashes, or that its own checks refuse, is recorded with its reason and the others go on;
+- a signal stops each sweep the way it stops a sweep run alone, so `--resume` continues each exactly.
+Trials of all pairs share the cluster through Ray's scheduler. The benchmark's cap on running trials holds
+because at most `sweeps_at_once` sweeps run at once, each with `max_concurrent_trials // sweeps_at_once`.
+
+What is finished is read from each sweep's own results on disk, never from memory: a resumed benchmark
+never re-runs a finished pair, even one that finished after the benchmark itself was killed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, IO, Optional
+
+from raybench.paths import inside, writable_dir_problem
+from raybench.sweep.benchmark_file import Benchmark, Pair, Refused
+from raybench.sweep.errors import OptionError, SweepExists
+from raybench.sweep.progress import duration
+from raybench.sweep.results import write_text_atomically
+
+STATE_FILE = "benchmark.json"
+INTERRUPTED_CODES = (130, 143)  # a sweep stopped by SIGINT or SIGTERM says so in its exit status
+STOP_GRACE_S = 300.0  # a sweep stopping on SIGTERM writes its partial results; then it is killed
+
+
+class BenchmarkInterrupted(Exception):
+    """The benchmark was stopped by a signal; each running sweep recorded where it stood."""
+
+
+@dataclass
+class BenchmarkOptions:
+    storage: Path
+    tracking_uri: str
+    address: Optional[str] = None  # None: a private local Ray, shared by every pair
+    resume: bool = False
+    resume_command: Optional[str] = None
+    progress_every_s: float = 30.0
+
+
+@dataclass
+class PairRecord:
+    """Where one pair stands, kept in `<storage>/<benchmark>/benchmark.json` (written atomically)."""
+
+    sweep: str
+    dataset: str
+    method: str
+    status: str = "waiting"  # waiting, running, finished, failed, interrupted
+    reason: str = ""
+    attempts: int = 0
+    exit_code: Optional[int] = None
+    seconds: float = 0.0
+
+
+@dataclass
+class Outcome:
+    """What the benchmark did, for the command line and the parent run."""
+
+    name: str
+    records: list[PairRecord]
+    refused: list[Refused]
+    wall_seconds: float
+    compare_dir: Optional[Path] = None
+    mlflow: dict[str, str] = field(default_factory=dict)
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.records)
+
+
+@dataclass
+class Running:
+    pair: Pair
+    process: subprocess.Popen
+    started: float
+    log: IO[str]
+
+
+# ----- what is on disk ------------------------------------------------------------------------------------
+def bench_dir(storage: Path, benchmark: Benchmark) -> Path:
+    return storage / benchmark.name
+
+
+def sweep_summary(storage: Path, pair: Pair) -> Optional[dict[str, Any]]:
+    path = storage / pair.sweep / "results" / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def finished_status(summary: Optional[dict[str, Any]]) -> Optional[tuple[str, str]]:
+    """(status, reason) of a pair whose sweep wrote final results; None while it has not."""
+    if summary is None or summary.get("state") != "finished":
+        return None
+    if summary.get("selected") is None:
+        reasons = sorted({t.get("reason") or t.get("status", "") for t in summary.get("trials", [])})
+        return "failed", f"no trial finished ({'; '.join(r for r in reasons if r)[:300] or 'no trials'})"
+    return "finished", ""
+
+
+def runs_done(storage: Path, pair: Pair) -> int:
+    """Finished runs of a pair (search trials and replicates), from its sweep's completed-run records."""
+    folders = [storage / f"{pair.sweep}-search" / "completed", *storage.glob(f"{pair.sweep}-replicate-*/completed")]
+    return sum(len(list(folder.glob("*.json"))) for folder in folders if folder.is_dir())
+
+
+def load_records(path: Path, benchmark: Benchmark) -> dict[str, PairRecord]:
+    saved = json.loads(path.read_text()).get("pairs", {}) if path.is_file() else {}
+    names = {f.name for f in dataclasses.fields(PairRecord)}
+    return {p.sweep: PairRecord(**{k: v for k, v in saved[p.sweep].items() if k in names}) if p.sweep in saved
+            else PairRecord(p.sweep, p.dataset, p.method) for p in benchmark.pairs}
+
+
+def save_records(path: Path, benchmark: Benchmark, records: dict[str, PairRecord]) -> None:
+    body = {"name": benchmark.name, "file": str(benchmark.path),
+            "pairs": {k: dataclasses.asdict(r) for k, r in records.items()},
+            "refused": [dataclasses.asdict(r) for r in benchmark.refused]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, json.dumps(body, indent=2, sort_keys=True))
+
+
+def check_storage(benchmark: Benchmark, options: BenchmarkOptions) -> None:
+    """A new benchmark never lands on an old one's records, and --resume needs one; names stay inside storage."""
+    problem = writable_dir_problem(options.storage)
+    if problem:
+        raise OptionError(f"--storage: {problem}")
+    folders = [bench_dir(options.storage, benchmark)] + [options.storage / p.sweep for p in benchmark.pairs]
+    if not all(inside(options.storage, folder) for folder in folders):
+        raise OptionError(f"name: {benchmark.name!r} would write outside --storage {str(options.storage)!r}")
+    exists = (bench_dir(options.storage, benchmark) / STATE_FILE).is_file()
+    if exists and not options.resume:
+        raise SweepExists(f"name: a benchmark named {benchmark.name!r} already exists under {options.storage}; "
+                          f"pass --resume to finish it, or give the file another name")
+    if options.resume and not exists:
+        raise OptionError(f"--resume: no benchmark named {benchmark.name!r} under {options.storage} to resume")
+    taken = [p.sweep for p in benchmark.pairs if not options.resume and (options.storage / p.sweep).exists()]
+    if taken:
+        raise SweepExists(f"name: the sweep {taken[0]!r} of this benchmark already exists under {options.storage}; "
+                          f"give the benchmark another name")
+
+
+# ----- one pair's sweep process -------------------------------------------------------------------------
+def sweep_command(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, address: str, tracking_uri: str,
+                  parent_run: str, resume: bool) -> list[str]:
+    """The `raybench sweep` this pair is: the command a user would type, joined to the shared cluster."""
+    words = [sys.executable, "-m", "raybench.cli", "sweep", str(pair.space_path), "--dataset", pair.dataset,
+             "--name", pair.sweep, "--storage", str(options.storage), "--tracking-uri", tracking_uri,
+             "--address", address, "--trials", str(pair.trials), "--seed", str(benchmark.seed),
+             "--selection", benchmark.selection, "--executor", benchmark.executor,
+             "--max-concurrent", str(benchmark.trials_per_sweep), "--parent-run", parent_run]
+    words += ["--replicates", str(pair.replicates)] if pair.replicates is not None else []
+    words += ["--smoke"] if benchmark.smoke else []
+    for key, value in pair.fixed.items():
+        words += ["--set", f"{key}={_cli_value(value)}"]
+    return words + (["--resume"] if resume else [])
+
+
+def _cli_value(value: Any) -> str:
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _parent_death_signal() -> Callable[[], None]:
+    """A pre-exec hook: the child gets SIGTERM when the benchmark process dies (even by SIGKILL), so a killed
+    benchmark leaves no sweep running unseen; the sweep then stops and records, as on any SIGTERM.
+
+    libc's prctl is looked up here, in the parent: between fork and exec the child runs no import and no lookup,
+    only the call (the benchmark process has threads, Ray's among them)."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    set_parent_death_signal, sigterm = 1, int(signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    def hook() -> None:
+        prctl(set_parent_death_signal, sigterm, 0, 0, 0)
+
+    return hook
+
+
+def launch(pair: Pair, command: list[str], log_path: Path) -> Running:
+    """Start the sweep in its own process group: a terminal's Ctrl-C reaches the benchmark alone, which then
+    stops each sweep with exactly one SIGTERM (a sweep stopped twice would skip its last checkpoint)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "a", encoding="utf-8")
+    log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[3:])}\n")
+    log.flush()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                               process_group=0, preexec_fn=_parent_death_signal())
+    return Running(pair, process, time.time(), log)
+
+
+def exit_reason(code: int, log_path: Path) -> str:
+    """The sweep's own one-line error when it printed one, else its exit status."""
+    try:
+        tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-200:]
+    except OSError:
+        tail = []
+    errors = [line for line in tail if line.startswith("raybench: ")]
+    return errors[-1].removeprefix("raybench: ").removeprefix("error: ") if errors else f"the sweep exited with status {code}"
+
+
+# ----- the benchmark ------------------------------------------------------------------------------------
+class Progress:
+    """Pairs done of total, runs done, failures and an ETA from the pace of this invocation."""
+
+    def __init__(self, benchmark: Benchmark, storage: Path, say: Callable[[str], None]) -> None:
+        self.benchmark, self.storage, self.say = benchmark, storage, say
+        self.started = time.time()
+        self.runs_at_start = self.runs()
+
+    def runs(self) -> int:
+        return sum(runs_done(self.storage, p) for p in self.benchmark.pairs)
+
+    def line(self, records: dict[str, PairRecord]) -> str:
+        counts = {s: sum(r.status == s for r in records.values()) for s in ("finished", "failed", "running")}
+        total_runs = sum(p.runs for p in self.benchmark.pairs)
+        done = self.runs()
+        elapsed = time.time() - self.started
+        pace = (done - self.runs_at_start) / elapsed if elapsed > 0 else 0.0
+        eta = f"ETA ~{duration(max(total_runs - done, 0) / pace)}" if pace > 0 else "ETA unknown until a run finishes"
+        return (f"benchmark {self.benchmark.name}: pairs {counts['finished']}/{len(records)} finished, "
+                f"{counts['failed']} failed, {counts['running']} running; runs {done}/~{total_runs} done; "
+                f"elapsed {duration(elapsed)}, {eta}")
+
+
+def run_benchmark(benchmark: Benchmark, options: BenchmarkOptions, say: Callable[[str], None] = print) -> Outcome:
+    """Run every pair not finished yet, then compare the sweeps and attach the tables to the parent run."""
+    from raybench.tracking import BenchmarkTracker, check_uri
+
+    check_storage(benchmark, options)
+    check_uri(options.tracking_uri)
+    tracker = BenchmarkTracker(options.tracking_uri)
+    state_path = bench_dir(options.storage, benchmark) / STATE_FILE
+    records = load_records(state_path, benchmark)
+    save_records(state_path, benchmark, records)
+    parent = tracker.start_benchmark(benchmark.name, benchmark_params(benchmark), options.resume_command)
+    started = time.time()
+    try:
+        _run_pairs_on_cluster(benchmark, options, records, tracker.uri, parent, state_path, say)
+        outcome = Outcome(benchmark.name, list(records.values()), benchmark.refused, time.time() - started)
+        outcome.compare_dir = write_comparison(benchmark, options, tracker)
+        tracker.log_artifact(state_path, "benchmark")
+    except BaseException as err:
+        save_records(state_path, benchmark, records)
+        stopped = isinstance(err, (KeyboardInterrupt, BenchmarkInterrupted))
+        tracker.end_benchmark(_summary_markdown(benchmark, records), "KILLED" if stopped else "FAILED",
+                              note=str(err) or type(err).__name__)
+        raise
+    status = "FINISHED" if outcome.count("finished") == len(records) else "FAILED"
+    failed = "; ".join(f"{r.method} on {r.dataset}: {r.reason}" for r in records.values() if r.status == "failed")
+    tracker.end_benchmark(_summary_markdown(benchmark, records), status, note=failed or None)
+    outcome.mlflow = {"experiment_id": tracker.experiment_id, "run_id": parent}
+    return outcome
+
+
+def _run_pairs_on_cluster(benchmark: Benchmark, options: BenchmarkOptions, records: dict[str, PairRecord],
+                          tracking_uri: str, parent: str, state_path: Path, say: Callable[[str], None]) -> None:
+    """The pairs on the cluster at --address, or on a private local Ray started for them and stopped after."""
+    from raybench.sweep import ray_backend as backend  # Ray starts only once everything is valid
+
+    address = options.address or backend.start_shared_cluster(driver_slots=2 * benchmark.max_concurrent_trials)
+    try:
+        PairRunner(benchmark, options, records, SweepTarget(address, tracking_uri, parent), state_path, say).run()
+    finally:
+        if options.address is None:
+            backend.shutdown()
+        save_records(state_path, benchmark, records)
+
+
+@dataclass(frozen=True)
+class SweepTarget:
+    """Where every pair's sweep reports: the shared cluster, the tracking store, the benchmark's parent run."""
+
+    address: str
+    tracking_uri: str
+    parent_run: str
+
+
+class PairRunner:
+    """Keeps `sweeps_at_once` sweep processes running until every pair not finished yet has had its turn."""
+
+    def __init__(self, benchmark: Benchmark, options: BenchmarkOptions, records: dict[str, PairRecord],
+                 target: SweepTarget, state_path: Path, say: Callable[[str], None]) -> None:
+        self.benchmark, self.options, self.records, self.target = benchmark, options, records, target
+        self.state_path, self.say = state_path, say
+        self.folder = bench_dir(options.storage, benchmark)
+        self.ended: "queue.Queue[Running]" = queue.Queue()
+        self.running: list[Running] = []
+
+    def run(self) -> None:
+        waiting = self._pending()
+        progress = Progress(self.benchmark, self.options.storage, self.say)
+        try:
+            while waiting or self.running:
+                while waiting and len(self.running) < self.benchmark.sweeps_at_once:
+                    self._start(waiting.pop(0))
+                try:
+                    job = self.ended.get(timeout=self.options.progress_every_s)
+                except queue.Empty:
+                    self.say(progress.line(self.records))
+                    continue
+                self._finish(job)
+                self.say(progress.line(self.records))
+        except KeyboardInterrupt:
+            _stop(self.running, self.ended, self.records, self.options.storage, self.folder)
+            save_records(self.state_path, self.benchmark, self.records)
+            finished = sum(r.status == "finished" for r in self.records.values())
+            raise BenchmarkInterrupted(f"benchmark {self.benchmark.name!r} interrupted: {finished} of "
+                                       f"{len(self.records)} pairs finished") from None
+
+    def _pending(self) -> list[Pair]:
+        """The pairs whose sweep has not finished, as its own results on disk say; the others are announced."""
+        waiting = []
+        for pair in self.benchmark.pairs:
+            done = finished_status(sweep_summary(self.options.storage, pair))
+            record = self.records[pair.sweep]
+            if done is not None and done[0] == "finished":
+                record.status, record.reason = done
+                self.say(f"{pair.label}: finished earlier (sweep {pair.sweep}); not run again")
+            else:
+                record.status = "waiting"
+                waiting.append(pair)
+        for refused in self.benchmark.refused:
+            self.say(f"{refused.method} on {refused.dataset}: not run: {refused.reason}")
+        return waiting
+
+    def _start(self, pair: Pair) -> None:
+        storage = self.options.storage
+        resume = (storage / pair.sweep).exists() or (storage / f"{pair.sweep}-search").exists()
+        command = sweep_command(pair, self.benchmark, self.options, self.target.address, self.target.tracking_uri,
+                                self.target.parent_run, resume)
+        job = launch(pair, command, self.folder / "logs" / f"{pair.sweep}.log")
+        threading.Thread(target=lambda: (job.process.wait(), self.ended.put(job)), daemon=True).start()
+        self.running.append(job)
+        record = self.records[pair.sweep]
+        record.status, record.attempts, record.reason = "running", record.attempts + 1, ""
+        save_records(self.state_path, self.benchmark, self.records)
+        self.say(f"{pair.label}: started sweep {pair.sweep}{' (resuming it)' if resume else ''}")
+
+    def _finish(self, job: Running) -> None:
+        self.running.remove(job)
+        record = self.records[job.pair.sweep]
+        _record_end(job, record, self.options.storage, self.folder)
+        save_records(self.state_path, self.benchmark, self.records)
+        self.say(f"{job.pair.label}: {record.status}{': ' + record.reason if record.reason else ''} "
+                 f"after {duration(record.seconds)}")
+
+
+def _record_end(job: Running, record: PairRecord, storage: Path, directory: Path) -> None:
+    job.log.close()
+    code = job.process.returncode
+    record.exit_code, record.seconds = code, record.seconds + time.time() - job.started
+    done = finished_status(sweep_summary(storage, job.pair))
+    if code == 0 and done is not None:
+        record.status, record.reason = done
+    elif code in INTERRUPTED_CODES or code == -signal.SIGTERM:
+        record.status, record.reason = "interrupted", "stopped by a signal; --resume continues it"
+    else:
+        record.status, record.reason = "failed", exit_reason(code, directory / "logs" / f"{job.pair.sweep}.log")
+
+
+def _stop(running: list[Running], ended: "queue.Queue[Running]", records: dict[str, PairRecord], storage: Path,
+          directory: Path) -> None:
+    """One SIGTERM to each running sweep, then wait (bounded) for each to record where it stood."""
+    for job in running:
+        if job.process.poll() is None:
+            job.process.send_signal(signal.SIGTERM)
+    deadline = time.time() + STOP_GRACE_S
+    while running:
+        try:
+            job = ended.get(timeout=max(deadline - time.time(), 0.1))
+        except queue.Empty:
+            for job in running:
+                job.process.kill()
+            continue
+        running.remove(job)
+        _record_end(job, records[job.pair.sweep], storage, directory)
+
+
+# ----- results ----------------------------------------------------------------------------------------
+def benchmark_params(benchmark: Benchmark) -> dict[str, Any]:
+    return {"file": str(benchmark.path), "selection": benchmark.selection, "seed": benchmark.seed,
+            "executor": benchmark.executor, "smoke": benchmark.smoke, "pairs": len(benchmark.pairs),
+            "refused": len(benchmark.refused), "max_concurrent_trials": benchmark.max_concurrent_trials,
+            "sweeps_at_once": benchmark.sweeps_at_once}
+
+
+def _summary_markdown(benchmark: Benchmark, records: dict[str, PairRecord]) -> str:
+    lines = [f"# Benchmark {benchmark.name}", "", benchmark.description, "", "| pair | sweep | status | reason |",
+             "|---|---|---|---|"]
+    lines += [f"| {r.method} on {r.dataset} | {r.sweep} | {r.status} | {r.reason} |" for r in records.values()]
+    lines += [f"| {r.method} on {r.dataset} | | not run | {r.reason} |" for r in benchmark.refused]
+    return "\n".join(lines)
+
+
+def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: Any) -> Optional[Path]:
+    """`raybench compare` over this benchmark's sweeps, in every format and with its figures, on the parent run."""
+    from raybench.sweep import compare, plots
+    from raybench.tracking import find_sweeps
+
+    records = find_sweeps(options.tracking_uri, tuple(p.sweep for p in benchmark.pairs))
+    if not records:
+        return None
+    order = [p.sweep for p in benchmark.pairs]
+    records.sort(key=lambda r: order.index(r.name))
+    comparison = compare.from_records(records, None)
+    directory = bench_dir(options.storage, benchmark) / "compare"
+    directory.mkdir(parents=True, exist_ok=True)
+    suffixes = {"table": "txt", "csv": "csv", "json": "json", "markdown": "md", "latex": "tex"}
+    for fmt_name, suffix in suffixes.items():
+        write_text_atomically(directory / f"compare.{suffix}", compare.render(comparison, fmt_name))
+    plots.save(plots.comparison_figures(comparison, "compare.png"), directory)
+    tracker.log_artifacts(directory, "compare")
+    return directory
+
+
+def plan_text(benchmark: Benchmark) -> str:
+    """What the benchmark would run, without running it (`raybench benchmark FILE --plan`)."""
+    lines = [f"benchmark {benchmark.name} ({benchmark.path}): {len(benchmark.pairs)} sweeps, at most "
+             f"{benchmark.max_concurrent_trials} trials at once ({benchmark.sweeps_at_once} sweeps x "
+             f"{benchmark.trials_per_sweep} trials), selection {benchmark.selection}, executor {benchmark.executor}"
+             f"{', smoke' if benchmark.smoke else ''}", ""]
+    for pair in benchmark.pairs:
+        replicates = "the dataset's replicates" if pair.replicates is None else f"{pair.replicates} replicates"
+        fixed = f"; set {', '.join(f'{k}={_cli_value(v)}' for k, v in pair.fixed.items())}" if pair.fixed else ""
+        lines.append(f"  {pair.label:34s} sweep {pair.sweep}: {pair.trials} trials, {replicates}{fixed}")
+    if benchmark.refused:
+        lines += ["", "not run:"] + [f"  {r.method} on {r.dataset}: {r.reason}" for r in benchmark.refused]
+    return "\n".join(lines)
+
+
+def outcome_text(outcome: Outcome) -> str:
+    lines = [f"benchmark {outcome.name}: {outcome.count('finished')} of {len(outcome.records)} pairs finished, "
+             f"{outcome.count('failed')} failed, {len(outcome.refused)} not run, in {duration(outcome.wall_seconds)}"]
+    lines += [f"  FAILED {r.method} on {r.dataset} (sweep {r.sweep}): {r.reason}" for r in outcome.records
+              if r.status == "failed"]
+    if outcome.compare_dir is not None:
+        lines += ["", (outcome.compare_dir / "compare.txt").read_text().rstrip(), "",
+                  f"comparison in every format: {outcome.compare_dir}"]
+    return "\n".join(lines)
+

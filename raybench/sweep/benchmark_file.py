@@ -1,0 +1,283 @@
+"""Benchmark files: a grid of (dataset, search space) pairs and how to sweep each, parsed once into typed
+records and validated before any cluster work.
+
+The format (documented with the shipped files in benchmarks/grids/README.md):
+
+    name: embedded-grid
+    selection: ood_val          # ood_val, id_val or oracle, for every pair
+    trials: 4                   # per pair, unless a pair says otherwise
+    replicates: 2
+    max_concurrent_trials: 2    # for the whole benchmark
+    grid:
+      - {datasets: [digits-shift], spaces: [erm, coral, dann]}
+    exclude:
+      - {datasets: [digits-shift], spaces: [coral], reason: "why this pair is not run"}
+    pairs:
+      - {dataset: digits-shift, space: dann, trials: 2, set: {penalty: 1.0}}
+
+Every error names the file, the key, the value and what was expected, in one line, as a search space's do.
+Checks that need a dataset's files (a WILDS root lives on the cluster) are left to each pair's own sweep,
+which makes them before its own cluster work; a pair failing them is recorded and the others go on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+
+from raybench.data import DATASETS
+from raybench.paths import NAME_RULE, name_problem, safe_name
+from raybench.sweep.runner import OWN_FLAGS
+from raybench.sweep.selection import SELECTIONS
+from raybench.sweep.space import load_space, read_yaml, resolve_path
+from raybench.trainer import ConfigError, TrainConfig
+
+TOP_KEYS = {"name", "description", "selection", "seed", "trials", "replicates", "executor", "smoke",
+            "max_concurrent_trials", "sweeps_at_once", "set", "grid", "exclude", "pairs"}
+PAIR_KEYS = {"dataset", "space", "trials", "replicates", "set"}
+EXECUTORS = ("train", "function")
+
+
+class BenchmarkError(ValueError):
+    """A malformed benchmark file: one line naming file, key, value and what was expected."""
+
+    def __init__(self, path: Union[str, Path], key: str, value: Any, expected: str) -> None:
+        super().__init__(f"{path}: {key}: expected {expected}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One sweep of the benchmark: a search space on a dataset, with the settings it runs under."""
+
+    dataset: str
+    space: str  # as written in the file: a name in search_spaces/ or a path
+    space_path: Path
+    method: str  # the space's file stem (erm_aug), the row name `compare` gives it
+    algorithm: str
+    sweep: str  # the sweep's name: <benchmark>-<method>-<dataset>
+    trials: int
+    replicates: Optional[int]  # None: the dataset's own count, as `raybench sweep`
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} on {self.dataset}"
+
+    @property
+    def runs(self) -> int:
+        """Runs this pair trains, as far as known before it starts (replicates default to 3)."""
+        return self.trials + (3 if self.replicates is None else self.replicates)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A pair of the grid the file rules out, and why (e.g. the paper did not run it)."""
+
+    dataset: str
+    method: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    path: Path
+    name: str
+    description: str
+    selection: str
+    seed: int
+    executor: str
+    smoke: bool
+    max_concurrent_trials: int
+    sweeps_at_once: int
+    pairs: list[Pair]
+    refused: list[Refused]
+
+    @property
+    def trials_per_sweep(self) -> int:
+        """Each running sweep's share of the benchmark's trial cap, so the running trials never exceed it."""
+        return max(1, self.max_concurrent_trials // self.sweeps_at_once)
+
+
+def load_benchmark(path_text: str) -> Benchmark:
+    path = Path(path_text)
+    if not path.is_file():
+        raise BenchmarkError(path, "file", str(path), "an existing benchmark YAML file")
+    return parse_benchmark(read_yaml(path), path)
+
+
+def parse_benchmark(data: Any, path: Path) -> Benchmark:
+    if not isinstance(data, dict):
+        raise BenchmarkError(path, "(top level)", data, f"a mapping with keys {', '.join(sorted(TOP_KEYS))}")
+    _no_unknown(data, TOP_KEYS, path, "")
+    name = data.get("name")
+    if not isinstance(name, str) or name_problem(name):
+        raise BenchmarkError(path, "name", name, NAME_RULE)
+    selection = data.get("selection", "ood_val")
+    if selection not in SELECTIONS:
+        raise BenchmarkError(path, "selection", selection, f"one of {', '.join(SELECTIONS.names())}")
+    executor = data.get("executor", "train")
+    if executor not in EXECUTORS:
+        raise BenchmarkError(path, "executor", executor, f"one of {', '.join(EXECUTORS)}")
+    smoke = data.get("smoke", False)
+    if not isinstance(smoke, bool):
+        raise BenchmarkError(path, "smoke", smoke, "true or false")
+    cap = _count(data, "max_concurrent_trials", path, "max_concurrent_trials", 1, 2)
+    grid = _grid(data.get("grid"), path)
+    excluded = _exclusions(data.get("exclude"), path, grid)
+    runnable = [(d, s) for d, s in grid if (d, s) not in excluded]
+    if not runnable:
+        raise BenchmarkError(path, "grid", data.get("grid"), "at least one pair that `exclude` does not rule out")
+    at_once = _count(data, "sweeps_at_once", path, "sweeps_at_once", 1, min(cap, len(runnable)))
+    if at_once > cap:
+        raise BenchmarkError(path, "sweeps_at_once", at_once, f"at most max_concurrent_trials ({cap}), since every "
+                                                                f"running sweep runs at least one trial")
+    defaults = {"trials": _count(data, "trials", path, "trials", 1, 10),
+                "replicates": _count(data, "replicates", path, "replicates", 0, None),
+                "set": _settings(data.get("set"), path, "set")}
+    overrides = _overrides(data.get("pairs"), path, runnable)
+    pairs = [_pair(str(name), dataset, space, defaults, overrides.get((dataset, space), {}), path)
+             for dataset, space in runnable]
+    refused = [Refused(d, _space_path(s, path).stem, excluded[(d, s)]) for d, s in grid if (d, s) in excluded]
+    _refuse_name_clashes(pairs, path)
+    return Benchmark(path, str(name), str(data.get("description", "")), selection, _count(data, "seed", path, "seed", 0, 0),
+                     executor, smoke, cap, at_once, pairs, refused)
+
+
+def _no_unknown(data: dict, allowed: set[str], path: Path, prefix: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise BenchmarkError(path, f"{prefix}{key}", data[key], f"one of the keys {', '.join(sorted(allowed))}")
+
+
+def _count(data: dict, key: str, path: Path, where: str, minimum: int, default: Optional[int]) -> Any:
+    value = data.get(key, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BenchmarkError(path, where, value, f"an integer >= {minimum}")
+    return value
+
+
+def _names(value: Any, path: Path, key: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise BenchmarkError(path, key, value, "a non-empty list of names")
+    return value
+
+
+def _grid(blocks: Any, path: Path) -> list[tuple[str, str]]:
+    """Every (dataset, space) pair of the grid's blocks, in file order; a pair named twice is an error."""
+    if not isinstance(blocks, list) or not blocks:
+        raise BenchmarkError(path, "grid", blocks, "a non-empty list of {datasets: [...], spaces: [...]} blocks")
+    pairs: list[tuple[str, str]] = []
+    for i, block in enumerate(blocks):
+        key = f"grid[{i}]"
+        if not isinstance(block, dict):
+            raise BenchmarkError(path, key, block, "a mapping with keys datasets, spaces")
+        _no_unknown(block, {"datasets", "spaces"}, path, f"{key}.")
+        datasets, spaces = _names(block.get("datasets"), path, f"{key}.datasets"), _names(block.get("spaces"), path, f"{key}.spaces")
+        for dataset in datasets:
+            if dataset not in DATASETS:
+                raise BenchmarkError(path, f"{key}.datasets", dataset, f"a dataset name: one of {', '.join(DATASETS.names())}")
+        for space in spaces:
+            _space_path(space, path)  # refuses a missing file now
+        for pair in ((d, s) for d in datasets for s in spaces):
+            if pair in pairs:
+                raise BenchmarkError(path, key, f"{pair[1]} on {pair[0]}", "each pair once in the grid")
+            pairs.append(pair)
+    return pairs
+
+
+def _space_path(space: str, path: Path) -> Path:
+    """A space name (search_spaces/NAME.yaml) or a YAML path, relative to the benchmark file's folder."""
+    candidate = path.parent / space if space.endswith((".yaml", ".yml")) else resolve_path(space)
+    if not candidate.is_file():
+        raise BenchmarkError(path, "spaces", space, "a search-space name in search_spaces/ or a YAML file "
+                                                    "(relative to the benchmark file)")
+    return candidate
+
+
+def _exclusions(entries: Any, path: Path, grid: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    if entries is None:
+        return {}
+    if not isinstance(entries, list):
+        raise BenchmarkError(path, "exclude", entries, "a list of {datasets, spaces, reason} entries")
+    excluded: dict[tuple[str, str], str] = {}
+    for i, entry in enumerate(entries):
+        key = f"exclude[{i}]"
+        if not isinstance(entry, dict):
+            raise BenchmarkError(path, key, entry, "a mapping with keys datasets, spaces, reason")
+        _no_unknown(entry, {"datasets", "spaces", "reason"}, path, f"{key}.")
+        reason = entry.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            raise BenchmarkError(path, f"{key}.reason", reason, "the reason the pairs are ruled out, in words")
+        named = [(d, s) for d in _names(entry.get("datasets"), path, f"{key}.datasets")
+                 for s in _names(entry.get("spaces"), path, f"{key}.spaces")]
+        for dataset, space in named:
+            if (dataset, space) not in grid:
+                raise BenchmarkError(path, key, f"{space} on {dataset}", "a pair of the grid")
+            excluded[(dataset, space)] = reason.strip()
+    return excluded
+
+
+def _settings(value: Any, path: Path, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BenchmarkError(path, key, value, "a mapping of trainer settings or hyperparameters to values")
+    for name in value:
+        if name in OWN_FLAGS:
+            raise BenchmarkError(path, f"{key}.{name}", value[name], f"no value: a sweep sets {name} through {OWN_FLAGS[name]}")
+    return dict(value)
+
+
+def _overrides(entries: Any, path: Path, runnable: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+    if entries is None:
+        return {}
+    if not isinstance(entries, list):
+        raise BenchmarkError(path, "pairs", entries, "a list of {dataset, space, trials, replicates, set} entries")
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, entry in enumerate(entries):
+        key = f"pairs[{i}]"
+        if not isinstance(entry, dict):
+            raise BenchmarkError(path, key, entry, "a mapping with keys dataset, space and the settings it overrides")
+        _no_unknown(entry, PAIR_KEYS, path, f"{key}.")
+        pair = (entry.get("dataset"), entry.get("space"))
+        if pair not in runnable:
+            raise BenchmarkError(path, key, f"{pair[1]} on {pair[0]}", "a pair of the grid that is not excluded")
+        if pair in found:
+            raise BenchmarkError(path, key, f"{pair[1]} on {pair[0]}", "each pair overridden once")
+        overrides: dict[str, Any] = {}
+        if "trials" in entry:
+            overrides["trials"] = _count(entry, "trials", path, f"{key}.trials", 1, None)
+        if "replicates" in entry:
+            overrides["replicates"] = _count(entry, "replicates", path, f"{key}.replicates", 0, None)
+        if "set" in entry:
+            overrides["set"] = _settings(entry.get("set"), path, f"{key}.set")
+        found[pair] = overrides  # type: ignore[index]
+    return found
+
+
+def _pair(benchmark: str, dataset: str, space: str, defaults: dict[str, Any], override: dict[str, Any], path: Path) -> Pair:
+    space_path = _space_path(space, path)
+    parsed = load_space(str(space_path))  # a malformed space is refused now, naming its own file and key
+    fixed = {**defaults["set"], **override.get("set", {})}
+    try:
+        TrainConfig.from_flat({"algorithm": parsed.algorithm, **fixed})
+    except ConfigError as err:
+        where = "pairs" if err.key in override.get("set", {}) else "set"
+        raise BenchmarkError(path, f"{where}: {space_path.stem} on {dataset}: set.{err.key}", fixed.get(err.key),
+                             err.detail.partition(", got")[0].removeprefix("expected ")) from None
+    method = space_path.stem
+    return Pair(dataset, space, space_path, method, parsed.algorithm, safe_name(f"{benchmark}-{method}-{dataset}"),
+                override.get("trials", defaults["trials"]), override.get("replicates", defaults["replicates"]), fixed)
+
+
+def _refuse_name_clashes(pairs: list[Pair], path: Path) -> None:
+    """Two spaces with one file stem (a path and a shipped name) would share a sweep name, and one's records."""
+    seen: dict[str, Pair] = {}
+    for pair in pairs:
+        if pair.sweep in seen:
+            raise BenchmarkError(path, "grid", pair.space, f"spaces with distinct file names ({seen[pair.sweep].space} "
+                                                           f"and {pair.space} both make sweep {pair.sweep!r})")
+        seen[pair.sweep] = pair

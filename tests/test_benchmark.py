@@ -1,0 +1,215 @@
+"""`raybench benchmark`: a grid of sweeps as one command on one real local Ray, tracked in a real SQLite MLflow.
+
+The end-to-end tests run smoke sweeps (4 steps an epoch) as function trials: what they check is the
+orchestration (nesting, the attached comparison, failure isolation, resume), not the training.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from raybench.sweep.benchmark import Pair, sweep_command, BenchmarkOptions
+from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
+from raybench.tracking import PARENT_TAG
+from tests.conftest import BIN, REPO, run_cli
+
+GRIDS = REPO / "benchmarks" / "grids"
+SMOKE = {"selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function", "smoke": True}
+
+
+def write_yaml(path: Path, body: dict) -> Path:
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def broken_erm_space(folder: Path) -> Path:
+    """ERM, except that on spuco-digits its model reads weights from a file that does not exist: valid YAML,
+    refused only by that pair's own sweep (its model check), so exactly one pair of the grid fails."""
+    space = yaml.safe_load((REPO / "search_spaces" / "erm.yaml").read_text())
+    space["datasets"] = {"spuco-digits": {"fixed": {"model_weights": str(folder / "no-such-weights.pt")}}}
+    space.pop("derived", None)
+    return write_yaml(folder / "erm_broken.yaml", space)
+
+
+def runs_of(client: MlflowClient, filter_string: str = "") -> list:
+    experiment = client.get_experiment_by_name("raybench")
+    return client.search_runs([experiment.experiment_id], filter_string, max_results=1000) if experiment else []
+
+
+def sweep_runs(client: MlflowClient, sweep_run_id: str) -> list:
+    return runs_of(client, f"tags.`{PARENT_TAG}` = '{sweep_run_id}'")
+
+
+# ----- the file ---------------------------------------------------------------------------------------
+def test_the_wilds_grid_is_the_papers_pairs_and_refuses_the_rest_with_reasons():
+    benchmark = load_benchmark(str(GRIDS / "wilds2.yaml"))
+    ran = {(p.dataset, p.method) for p in benchmark.pairs}
+    images = {"erm", "erm_aug", "coral", "dann", "pseudolabel", "fixmatch", "noisy_student", "swav"}
+    paper = {  # WILDS 2.0, which algorithms the paper ran per dataset (shared/WILDS_REFERENCE.md)
+        "iwildcam": images, "camelyon17": images, "fmow": images, "poverty": images - {"pseudolabel"},
+        "globalwheat": {"erm", "pseudolabel", "noisy_student"},
+        "ogb-molpcba": {"erm", "coral", "dann", "pseudolabel", "noisy_student"},
+        "civilcomments": {"erm", "pseudolabel", "mlm"},
+        "amazon": {"erm", "coral", "dann", "pseudolabel", "mlm"},
+    }
+    assert ran == {(d, m) for d, methods in paper.items() for m in methods}
+    refused = {(r.dataset, r.method): r.reason for r in benchmark.refused}
+    assert len(refused) == 8 * 9 - len(ran) and all(len(reason) > 20 for reason in refused.values())
+    assert "regression" in refused[("poverty", "pseudolabel")]
+    assert all(p.trials == 10 and p.replicates is None for p in benchmark.pairs)  # App. D; the dataset's seeds
+
+
+def test_the_embedded_grid_pairs_each_resolve_on_their_dataset():
+    from raybench.data import load_dataset
+    from raybench.sweep.runner import sweep_space
+    from raybench.sweep.space import load_space
+
+    benchmark = load_benchmark(str(GRIDS / "embedded.yaml"))
+    assert {p.dataset for p in benchmark.pairs} == {"digits-shift", "spuco-digits"}
+    assert {p.method for p in benchmark.pairs if p.dataset == "digits-shift"} >= {"erm", "coral", "dann", "fixmatch"}
+    for pair in benchmark.pairs:
+        dataset = load_dataset(pair.dataset)
+        resolved = sweep_space(load_space(str(pair.space_path)), dataset, pair.fixed)
+        from raybench.trainer import TrainConfig
+
+        midpoint = {n: p.values[0] if p.values else (p.low + p.high) / 2 for n, p in resolved.search.items()}
+        TrainConfig.from_flat({**resolved.materialize(midpoint), **pair.fixed}).resolve(dataset)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"name": "../up"}, "name: expected 1-128 characters"),
+    ({"selection": "best"}, "selection: expected one of"),
+    ({"grid": [{"datasets": ["nope"], "spaces": ["erm"]}]}, "grid[0].datasets: expected a dataset name"),
+    ({"grid": [{"datasets": ["digits-shift"], "spaces": ["no_such_space"]}]}, "spaces: expected a search-space name"),
+    ({"grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "erm"]}]}, "each pair once in the grid"),
+    ({"set": {"seed": 3}}, "set.seed: expected no value"),
+    ({"set": {"lr": -1}}, "set.lr"),
+    ({"exclude": [{"datasets": ["digits-shift"], "spaces": ["erm"]}]}, "exclude[0].reason"),
+    ({"pairs": [{"dataset": "digits-shift", "space": "dann"}]}, "pairs[0]: expected a pair of the grid"),
+    ({"sweeps_at_once": 3, "max_concurrent_trials": 2}, "sweeps_at_once: expected at most max_concurrent_trials"),
+    ({"trials": 0}, "trials: expected an integer >= 1"),
+    ({"colour": "red"}, "colour: expected one of the keys"),
+])
+def test_a_bad_benchmark_file_is_one_line_naming_file_key_and_value(tmp_path, change, message):
+    body = {"name": "b", **SMOKE, "grid": [{"datasets": ["digits-shift"], "spaces": ["erm"]}], **change}
+    path = write_yaml(tmp_path / "bench.yaml", body)
+    with pytest.raises(BenchmarkError) as err:
+        load_benchmark(str(path))
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_key_given_twice_is_refused_naming_its_line(tmp_path):
+    from raybench.sweep.space import SpaceError
+
+    path = tmp_path / "bench.yaml"
+    path.write_text("name: b\ntrials: 2\ntrials: 3\ngrid: [{datasets: [digits-shift], spaces: [erm]}]\n")
+    with pytest.raises(SpaceError, match=r"bench.yaml: line 3: expected each key once per mapping \(first on line 2\)"):
+        load_benchmark(str(path))
+
+
+def test_the_cli_refuses_a_bad_file_with_exit_2_before_any_cluster_work(tmp_path, sweep_env):
+    path = write_yaml(tmp_path / "bench.yaml", {"name": "b", "grid": [{"datasets": ["digits-shift"], "spaces": ["nope"]}]})
+    result = run_cli(["benchmark", str(path), "--storage", str(tmp_path / "runs")], sweep_env, tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith(f"raybench: error: {path}: spaces")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_the_running_trials_never_exceed_the_benchmarks_cap(tmp_path):
+    body = {"name": "b", **SMOKE, "max_concurrent_trials": 5, "sweeps_at_once": 2,
+            "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral", "dann"]}]}
+    benchmark = load_benchmark(str(write_yaml(tmp_path / "bench.yaml", body)))
+    assert benchmark.sweeps_at_once * benchmark.trials_per_sweep <= benchmark.max_concurrent_trials
+    pair: Pair = benchmark.pairs[0]
+    words = sweep_command(pair, benchmark, BenchmarkOptions(tmp_path, "sqlite:///x.db"), "127.0.0.1:1", "sqlite:///x.db",
+                          "run", resume=False)
+    assert words[words.index("--max-concurrent") + 1] == "2" and words[words.index("--parent-run") + 1] == "run"
+
+
+# ----- end to end -------------------------------------------------------------------------------------
+def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_their_comparison(tmp_path, sweep_env):
+    body = {"name": "grid", "description": "2 x 2 smoke", **SMOKE, "max_concurrent_trials": 2,
+            "grid": [{"datasets": ["digits-shift", "spuco-digits"], "spaces": ["erm", str(broken_erm_space(tmp_path))]}]}
+    path = write_yaml(tmp_path / "bench.yaml", body)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_cli(["benchmark", str(path), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
+                      "--progress-every", "5"], sweep_env, tmp_path, timeout=900)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # one pair failed
+    assert "3 of 4 pairs finished, 1 failed" in result.stdout
+    assert "FAILED erm_broken on spuco-digits (sweep grid-erm_broken-spuco-digits): --set model_weights:" in result.stdout
+    assert "pairs 3/4 finished, 1 failed" in result.stdout  # a progress line
+
+    state = json.loads((tmp_path / "runs" / "grid" / "benchmark.json").read_text())["pairs"]
+    assert {k: v["status"] for k, v in state.items()} == {
+        "grid-erm-digits-shift": "finished", "grid-erm_broken-digits-shift": "finished",
+        "grid-erm-spuco-digits": "finished", "grid-erm_broken-spuco-digits": "failed"}
+    assert "no-such-weights.pt" in state["grid-erm_broken-spuco-digits"]["reason"]
+
+    client = MlflowClient(tracking_uri=uri)
+    [parent] = runs_of(client, "tags.stage = 'benchmark'")
+    assert parent.info.status == "FAILED" and parent.data.tags["raybench.state"] == "failed"
+    sweeps = runs_of(client, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+    assert sorted(r.data.tags["raybench.sweep"] for r in sweeps) == sorted(k for k, v in state.items() if v["status"] == "finished")
+    assert all(r.data.tags["stage"] == "sweep" and len(sweep_runs(client, r.info.run_id)) == 2 for r in sweeps)
+
+    files = {a.path for a in client.list_artifacts(parent.info.run_id, "compare")}
+    assert {f"compare/compare.{s}" for s in ("txt", "csv", "json", "md", "tex")} <= files
+    assert {"compare/compare-digits-shift.png", "compare/compare-spuco-digits.png"} <= files
+    rows = json.loads((tmp_path / "runs" / "grid" / "compare" / "compare.json").read_text())["rows"]
+    assert len(rows) == 3
+    for row in rows:  # each row is that sweep's own `raybench results`
+        own = json.loads(run_cli(["results", row["sweep"], "--format", "json", "--tracking-uri", uri], sweep_env,
+                                 tmp_path).stdout)["replicates"]["summary"]
+        cells = [key.removesuffix(".mean") for key in row if key.endswith(".mean")]
+        assert cells and all(row[f"{c}.mean"] == own[f"best/{c}"]["mean"] for c in cells)
+
+
+def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, sweep_env):
+    body = {"name": "kill", **SMOKE, "replicates": 0, "max_concurrent_trials": 1,
+            "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral"]}]}
+    path = write_yaml(tmp_path / "bench.yaml", body)
+    uri, runs = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "runs"
+    args = ["benchmark", str(path), "--storage", str(runs), "--tracking-uri", uri, "--progress-every", "5"]
+    state_file = runs / "kill" / "benchmark.json"
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen([str(BIN / "raybench"), *args], env=sweep_env, cwd=tmp_path, stdout=log,
+                                 stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and first.poll() is None:  # the event: the first pair's record says finished
+            pairs = json.loads(state_file.read_text())["pairs"] if state_file.is_file() else {}
+            if pairs.get("kill-erm-digits-shift", {}).get("status") == "finished":
+                break
+            time.sleep(0.5)
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        sweeps = psutil.Process(first.pid).children()
+        first.send_signal(signal.SIGKILL)  # a job killed outright: no chance to record anything
+        first.wait(timeout=60)
+        gone, alive = psutil.wait_procs(sweeps, timeout=300)  # the running sweep stops when its benchmark dies
+        assert not alive
+    finally:
+        if first.poll() is None:
+            first.kill()
+    client = MlflowClient(tracking_uri=uri)
+    [erm_sweep] = runs_of(client, "tags.`raybench.sweep` = 'kill-erm-digits-shift'")
+    erm_runs = {r.info.run_id for r in sweep_runs(client, erm_sweep.info.run_id)}
+    assert json.loads(state_file.read_text())["pairs"]["kill-coral-digits-shift"]["status"] == "running"  # stale
+
+    resumed = run_cli([*args, "--resume"], sweep_env, tmp_path, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "erm on digits-shift: finished earlier (sweep kill-erm-digits-shift); not run again" in resumed.stdout
+    assert "coral on digits-shift: started sweep kill-coral-digits-shift" in resumed.stdout
+    assert {r.info.run_id for r in sweep_runs(client, erm_sweep.info.run_id)} == erm_runs  # nothing re-ran
+    assert len(runs_of(client, "tags.stage = 'benchmark'")) == 1 and len(runs_of(client, "tags.stage = 'sweep'")) == 2
+    [coral_sweep] = runs_of(client, "tags.`raybench.sweep` = 'kill-coral-digits-shift'")
+    assert coral_sweep.info.status == "FINISHED" and len(sweep_runs(client, coral_sweep.info.run_id)) == 1
+    erm_log = (runs / "kill" / "logs" / "kill-erm-digits-shift.log").read_text()
+    assert erm_log.count("=====") == 1  # launched once, in the first invocation only
