@@ -201,7 +201,8 @@ def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, sweep_
     client = MlflowClient(tracking_uri=uri)
     [erm_sweep] = runs_of(client, "tags.`raybench.sweep` = 'kill-erm-digits-shift'")
     erm_runs = {r.info.run_id for r in sweep_runs(client, erm_sweep.info.run_id)}
-    assert json.loads(state_file.read_text())["pairs"]["kill-coral-digits-shift"]["status"] == "running"  # stale
+    # Stale: the kill came after the first pair's record, before or after the second's launch was recorded.
+    assert json.loads(state_file.read_text())["pairs"]["kill-coral-digits-shift"]["status"] in ("waiting", "running")
 
     resumed = run_cli([*args, "--resume"], sweep_env, tmp_path, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
