@@ -521,9 +521,11 @@ def write_new_file(path: Path, text: str, force: bool) -> None:
     problem = writable_dir_problem(path.parent)
     if problem:
         raise UsageError(f"--output: {problem}")
+    from raybench.sweep.results import write_text_atomically
+
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        path.write_text(text, encoding="utf-8")
+        write_text_atomically(path, text)  # never half a file, even when a --force overwrite is cut short
     except OSError as err:
         raise UsageError(f"--output: cannot write {str(path)!r} ({err.strerror or err})") from None
 

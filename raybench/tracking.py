@@ -275,6 +275,16 @@ class SweepTracker:
                                    **{k: v for k, v in tags.items() if k == RESUME_TAG}})
         return self.parent_id
 
+    def check_parent_run(self, run_id: str) -> None:
+        """A parent run must exist in this store's experiment: a mistyped id would nest the sweep under nothing."""
+        try:
+            run = self.client.get_run(run_id)
+        except Exception:  # MLflow raises several types for an unknown or malformed id
+            raise TrackingError(f"expected a run id in the MLflow store at {redact_uri(self.uri)}, got {run_id!r}") from None
+        if run.info.experiment_id != self.experiment_id:
+            raise TrackingError(f"expected a run of the raybench experiment, got {run_id!r} (in experiment "
+                                f"{run.info.experiment_id})")
+
     def end_sweep(self, status: str, note: Optional[str] = None) -> None:
         """Close the parent run; an interrupted sweep (KILLED) also closes every child still RUNNING, so no
         run claims to be alive after its driver has gone."""

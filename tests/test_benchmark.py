@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 from raybench.sweep.benchmark import Pair, sweep_command, BenchmarkOptions
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.tracking import PARENT_TAG
-from tests.conftest import BIN, REPO, run_cli
+from tests.conftest import BIN, REPO, processes_under, run_cli
 
 GRIDS = REPO / "benchmarks" / "grids"
 SMOKE = {"selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function", "smoke": True}
@@ -214,3 +214,13 @@ def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, sweep_
     assert coral_sweep.info.status == "FINISHED" and len(sweep_runs(client, coral_sweep.info.run_id)) == 1
     erm_log = (runs / "kill" / "logs" / "kill-erm-digits-shift.log").read_text()
     assert erm_log.count("=====") == 1  # launched once, in the first invocation only
+
+
+def test_a_sweep_refuses_a_parent_run_that_is_not_in_the_store_before_ray_starts(tmp_path, sweep_env):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_cli(["sweep", "erm", "--smoke", "--executor", "function", "--storage", str(tmp_path / "runs"),
+                      "--tracking-uri", uri, "--parent-run", "0123456789abcdef0123456789abcdef"], sweep_env, tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith("raybench: error: --parent-run: expected a run id in the MLflow store at ")
+    assert not processes_under(sweep_env["RAY_TMPDIR"])  # refused before any Ray process started
+    assert runs_of(MlflowClient(tracking_uri=uri), "tags.stage = 'sweep'") == []

@@ -20,7 +20,7 @@ from raybench.sweep.errors import OptionError, SweepExists, SweepInterrupted
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import ResolvedSpace, SearchSpace, load_space
-from raybench.tracking import RESUME_TAG, SweepTracker, base_tags, check_uri, default_tracking_uri, redact_uri
+from raybench.tracking import RESUME_TAG, SweepTracker, TrackingError, base_tags, check_uri, default_tracking_uri, redact_uri
 
 
 SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
@@ -192,6 +192,11 @@ def run_sweep(prepared: Prepared) -> dict[str, Any]:
     Raises SweepInterrupted when a signal cut it short: the parent run and every child still running are
     then marked KILLED, the partial results are written, and `--resume` continues exactly there."""
     tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
+    if prepared.options.parent_run:
+        try:
+            tracker.check_parent_run(prepared.options.parent_run)
+        except TrackingError as err:  # before Ray starts, naming the flag
+            raise OptionError(f"--parent-run: {err}") from None
     from raybench.sweep import ray_backend as backend  # Ray is imported only once everything is valid
 
     opts = prepared.options
