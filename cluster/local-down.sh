@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Stop exactly what local-up.sh started and recorded in $RAYBENCH_CLUSTER_DIR (default ./.cluster):
+#  - its worker nodes first (nodes/worker-K/: recorded PIDs, then the node's own marked temp dir);
 #  - the MLflow server, by its recorded process group;
 #  - the Ray processes recorded in ray.pids (PID and create time, so a reused PID is never signalled),
 #    and their descendants (agents, workers, job drivers): TERM, then KILL after a bounded wait;
 #  - Ray's temp dir, only if it carries local-up's marker naming this state dir.
 # Never a host-wide `ray stop`, and never a match on command lines, which would hit other people's processes.
+#
+#   cluster/local-down.sh                    # the worker nodes, MLflow and the head
+#   cluster/local-down.sh --node worker-2    # only that worker node (the head and the others keep running)
 #
 # Exit status: 0 done; 2 the recorded temp dir is not marked as this cluster's, so it was left alone
 # (and so was its record in the state dir: inspect it, then delete $RAYBENCH_CLUSTER_DIR/ray_temp_dir).
@@ -31,8 +35,9 @@ stop_mlflow() {
 # In the order `ray stop` uses: raylet first (its agents and workers fate-share with it), then the rest,
 # GCS last; sent together, the GCS and the autoscaler monitor ignored TERM for over 25 s here.
 stop_ray() {
-  [ -f "$state/ray.pids" ] || return 0
-  "$bin/python" - "$state/ray.pids" "$grace" <<'PY' || { echo "local-down: could not stop the processes in $state/ray.pids" >&2; return 1; }
+  local owner="$1"   # the state dir (head) or a node's dir, holding ray.pids
+  [ -f "$owner/ray.pids" ] || return 0
+  "$bin/python" - "$owner/ray.pids" "$grace" <<'PY' || { echo "local-down: could not stop the processes in $owner/ray.pids" >&2; return 1; }
 import sys
 import psutil
 pid_file, grace = sys.argv[1], float(sys.argv[2])
@@ -85,29 +90,55 @@ left = [proc for group in groups for proc in stop(group)]
 if left:
     sys.exit(f"local-down: still running after KILL: {sorted(p.pid for p in left)}")
 PY
-  rm -f "$state/ray.pids"
+  rm -f "$owner/ray.pids"
 }
 
 # Delete Ray's temp dir only if local-up marked it for this state dir; a tampered or foreign record
 # (say RAY_TEMP_DIR=/tmp) must never lead to deleting someone else's files.
 remove_temp_dir() {
-  [ -f "$state/ray_temp_dir" ] || return 0
+  local owner="$1"   # whose name the temp dir's marker must carry
+  [ -f "$owner/ray_temp_dir" ] || return 0
   local ray_tmp
-  ray_tmp="$(cat "$state/ray_temp_dir")"
+  ray_tmp="$(cat "$owner/ray_temp_dir")"
   if [ -e "$ray_tmp" ] || [ -L "$ray_tmp" ]; then
     if [[ "$ray_tmp" != /?* ]] || [ -L "$ray_tmp" ] || [ ! -d "$ray_tmp" ] \
-       || [ "$(cat -- "$ray_tmp/$marker_name" 2>/dev/null)" != "$state" ]; then
-      echo "local-down: not deleting $ray_tmp: it carries no local-up marker naming $state" >&2
+       || [ "$(cat -- "$ray_tmp/$marker_name" 2>/dev/null)" != "$owner" ]; then
+      echo "local-down: not deleting $ray_tmp: it carries no local-up marker naming $owner" >&2
       return 2
     fi
     rm -rf -- "$ray_tmp"
   fi
-  rm -f "$state/ray_temp_dir" "$state/ports.env"
+  rm -f "$owner/ray_temp_dir" "$owner/ports.env"
 }
 
+# A worker node: its processes, its temp dir, then its record (which frees its number for --add-worker).
+stop_node() {
+  local dir="$1" code=0
+  [ -d "$dir" ] || return 0
+  if stop_ray "$dir"; then remove_temp_dir "$dir" || code=$?; else code=1; fi
+  (( code == 0 )) && rm -rf -- "$dir"
+  return "$code"
+}
+
+case "${1:-}" in
+  "") ;;
+  --node)
+    [[ "${2:-}" =~ ^worker-[0-9]+$ ]] && [ $# -eq 2 ] \
+      || { echo "local-down: --node needs a worker node name like worker-1, not '${2:-}'" >&2; exit 2; }
+    [ -d "$state/nodes/$2" ] || { echo "local-down: no worker node $2 is recorded in $state/nodes" >&2; exit 2; }
+    stop_node "$state/nodes/$2" && echo "local-down: stopped $2 of $state"
+    exit $? ;;
+  *) echo "usage: cluster/local-down.sh [--node worker-K]" >&2; exit 2 ;;
+esac
+
 status=0
+for node_dir in "$state"/nodes/worker-*; do
+  [ -d "$node_dir" ] || continue
+  stop_node "$node_dir" || status=$?
+done
 stop_mlflow
 # A temp dir whose processes may still run is kept, with its record, for a second try.
-if stop_ray; then remove_temp_dir || status=$?; else status=1; fi
+if stop_ray "$state"; then remove_temp_dir "$state" || status=$?; else status=1; fi
+(( status == 0 )) && rm -f "$state/port_base" && rmdir "$state/nodes" 2>/dev/null
 (( status == 0 )) && echo "local-down: stopped what $state recorded"
 exit "$status"

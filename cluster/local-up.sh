@@ -6,6 +6,20 @@
 #   cluster/local-up.sh                             # ports 24000-24199
 #   RAYBENCH_PORT_BASE=24200 cluster/local-up.sh    # a second cluster on the same host
 #   cluster/local-up.sh --print-ports               # print the port plan and exit; starts nothing
+#   RAYBENCH_WORKER_NODES=1 cluster/local-up.sh     # the head plus one worker node
+#   cluster/local-up.sh --add-worker                # one more worker node for the running head
+#
+# Worker nodes. A worker node is `ray start --address` on the head's GCS: its own raylet, object store,
+# agents and temp dir, so on one machine it fails the way a second machine would (kill its recorded PIDs
+# and the node is gone, workers, object store and all). Node K (1, 2, ...) takes the port block
+# RAYBENCH_PORT_BASE + 200*K (`--print-ports --add-worker` shows it), so a cluster with W worker nodes
+# spans (W+1) blocks of 200: give a second cluster a base that far away. Each node offers
+# RAYBENCH_WORKER_CPUS CPUs (default 1) and the custom resource raybench_worker (as many as its CPUs;
+# RAYBENCH_WORKER_RESOURCES, a JSON object, replaces it), and carries the node label raybench.node=worker-K
+# (the head: raybench.node=head). `raybench sweep --worker-resource raybench_worker=1` places every trial
+# worker on a worker node, and each trial's record names the node it ran on. Its state is
+# $RAYBENCH_CLUSTER_DIR/nodes/worker-K/ (ports.env, ray.pids, ray_temp_dir); local-down stops it too,
+# or alone with `local-down.sh --node worker-K`.
 #
 # Ports. Every port is chosen here, none is left to Ray's defaults (52365, 44217, 44227, 10001, random
 # worker ports...), so that another Ray on the host cannot take one of ours. They form one block of 200
@@ -33,7 +47,7 @@
 # state dir; local-down deletes only a folder that carries that mark. RAY_TEMP_DIR may name another
 # one, but only a new or empty folder (or one this state dir marked): anything else is refused.
 #
-# Exit status: 0 up and accepting jobs; 2 refused before starting anything (bad setting, busy port,
+# Exit status: 0 up and accepting jobs (or the worker node joined); 2 refused before starting anything (bad setting, busy port,
 # unsafe temp dir, a cluster already recorded); 1 something failed to start (what did start is stopped
 # again and Ray's logs are kept under the state dir).
 #
@@ -49,6 +63,9 @@ drivers="${RAY_TRIAL_DRIVERS:-8}"
 start_timeout="${RAYBENCH_START_TIMEOUT:-180}"
 marker_name=".raybench-cluster"   # inside the temp dir; its content is the state dir that owns it
 max_temp_dir_len=40               # Ray adds ~65 characters below it for socket paths (limit 107)
+
+worker_cpus="${RAYBENCH_WORKER_CPUS:-1}"
+worker_nodes="${RAYBENCH_WORKER_NODES:-0}"
 
 refuse() { echo "local-up: $*" >&2; exit 2; }
 
@@ -79,6 +96,26 @@ plan_ports() {
   done
 }
 
+# A worker node's port plan (the head's must exist: it is read from $state/ports.env when the head runs):
+# block RAYBENCH_PORT_BASE + 200*K, laid out as the head's; a worker node has no GCS, dashboard, client
+# server or MLflow, so those lines are absent.
+plan_worker_ports() {
+  local k="$1" base="${RAYBENCH_PORT_BASE:-24000}"
+  [[ "$base" =~ ^[0-9]+$ ]] || refuse "RAYBENCH_PORT_BASE must be a number, not '$base'"
+  base=$((base + 200 * k))
+  worker_ports=(
+    "RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT=$((base + 2))"
+    "RAYBENCH_DASHBOARD_AGENT_GRPC_PORT=$((base + 3))"
+    "RAYBENCH_RUNTIME_ENV_AGENT_PORT=$((base + 4))"
+    "RAYBENCH_METRICS_EXPORT_PORT=$((base + 5))"
+    "RAYBENCH_NODE_MANAGER_PORT=$((base + 6))"
+    "RAYBENCH_OBJECT_MANAGER_PORT=$((base + 7))"
+    "RAYBENCH_MIN_WORKER_PORT=$((base + 20))"
+    "RAYBENCH_MAX_WORKER_PORT=$((base + 199))"
+  )
+  (( base + 199 <= 65535 )) || refuse "worker node $k's port block $base-$((base + 199)) goes past 65535; lower RAYBENCH_PORT_BASE"
+}
+
 # Ports must be valid, distinct, and outside the worker range; the client server also outside Ray's
 # default worker range, where the workers of any other Ray on the host bind.
 validate_ports() {
@@ -101,7 +138,7 @@ validate_ports() {
 # Refuse before starting anything if another process holds one of our ports: Ray would otherwise start
 # half a cluster (a busy agent port only shows up later, as "No available agent to submit job").
 check_ports_free() {
-  "$bin/python" - "${ports[@]}" <<'PY' || exit 2
+  "$bin/python" - "$@" <<'PY' || exit 2
 import socket, sys
 plan = dict(arg.split("=", 1) for arg in sys.argv[1:])
 fixed = [(name, int(port)) for name, port in plan.items() if not name.endswith("_WORKER_PORT")]
@@ -154,7 +191,7 @@ fail() {
   trap - ERR INT TERM
   local logs="$state/ray-logs"
   # Interrupted before the PIDs were recorded: record them now, or local-down could not stop them.
-  [ -s "$state/ray.pids" ] || [ -z "${started_at:-}" ] || record_ray_pids "$started_at" || true
+  [ -s "$state/ray.pids" ] || [ -z "${started_at:-}" ] || record_ray_pids "$ray_tmp" "$started_at" "$state/ray.pids" "${ports[@]}" || true
   if [ -d "$ray_tmp/session_latest/logs" ]; then
     rm -rf -- "$logs" && cp -rL -- "$ray_tmp/session_latest/logs" "$logs" 2>/dev/null || true
   fi
@@ -172,28 +209,37 @@ ensure_auth_token() {
     || fail "could not generate a Ray auth token (ray get-auth-token --generate); see $state/ray-start.log"
 }
 
+# The ports every node (head or worker) takes from its own port plan, as `ray start` flags.
+node_port_flags() {
+  node_flags=(
+    --dashboard-agent-listen-port="$RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT"
+    --dashboard-agent-grpc-port="$RAYBENCH_DASHBOARD_AGENT_GRPC_PORT"
+    --runtime-env-agent-port="$RAYBENCH_RUNTIME_ENV_AGENT_PORT"
+    --metrics-export-port="$RAYBENCH_METRICS_EXPORT_PORT"
+    --node-manager-port="$RAYBENCH_NODE_MANAGER_PORT"
+    --object-manager-port="$RAYBENCH_OBJECT_MANAGER_PORT"
+    --min-worker-port="$RAYBENCH_MIN_WORKER_PORT" --max-worker-port="$RAYBENCH_MAX_WORKER_PORT"
+  )
+}
+
 start_ray() {
+  node_port_flags
   "$bin/ray" start --head --node-ip-address=127.0.0.1 \
     --port="$RAY_PORT" \
     --dashboard-host=127.0.0.1 --dashboard-port="$DASHBOARD_PORT" \
-    --dashboard-agent-listen-port="$RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT" \
-    --dashboard-agent-grpc-port="$RAYBENCH_DASHBOARD_AGENT_GRPC_PORT" \
-    --runtime-env-agent-port="$RAYBENCH_RUNTIME_ENV_AGENT_PORT" \
-    --metrics-export-port="$RAYBENCH_METRICS_EXPORT_PORT" \
-    --node-manager-port="$RAYBENCH_NODE_MANAGER_PORT" \
-    --object-manager-port="$RAYBENCH_OBJECT_MANAGER_PORT" \
-    --ray-client-server-port="$RAYBENCH_CLIENT_SERVER_PORT" \
-    --min-worker-port="$RAYBENCH_MIN_WORKER_PORT" --max-worker-port="$RAYBENCH_MAX_WORKER_PORT" \
-    --num-cpus="$cpus" --resources="{\"trial_driver\": $drivers}" \
+    "${node_flags[@]}" --ray-client-server-port="$RAYBENCH_CLIENT_SERVER_PORT" \
+    --num-cpus="$cpus" --resources="{\"trial_driver\": $drivers}" --labels="raybench.node=head" \
     --temp-dir="$ray_tmp" --disable-usage-stats >> "$state/ray-start.log" 2>&1
 }
 
-# Record "pid create_time" of every process this head started, so that local-down stops exactly these
-# (the create time tells a reused PID apart). Ours: started after $1 and either naming our temp dir on
-# the command line (GCS, raylet, dashboard, monitors) or listening on one of our ports (the Ray client
-# server names neither), plus their descendants (agents, workers).
+# Record "pid create_time" of every process a node started (`record_ray_pids TEMP_DIR SINCE FILE PORT_PLAN...`),
+# so that local-down stops exactly these (the create time tells a reused PID apart). Ours: started after
+# SINCE and either naming the node's temp dir on the command line (GCS, raylet, dashboard, monitors) or
+# listening on one of its ports (the Ray client server names neither), plus their descendants (agents, workers).
 record_ray_pids() {
-  "$bin/python" - "$ray_tmp" "$1" "${ports[@]}" > "$state/ray.pids" <<'PY'
+  local tmp="$1" since="$2" out="$3"
+  shift 3
+  "$bin/python" - "$tmp" "$since" "$@" > "$out" <<'PY'
 import os, re, sys
 import psutil
 tmp, since = sys.argv[1], float(sys.argv[2]) - 1.0  # create times are rounded to the clock tick
@@ -266,17 +312,135 @@ wait_for_mlflow() {
   return 1
 }
 
+# ----- worker nodes ------------------------------------------------------------------------------------
+# A worker node's own failure path: keep its logs, stop what it started (local-down --node), say where to look.
+fail_node() {
+  trap - ERR INT TERM
+  [ -s "$node_state/ray.pids" ] || [ -z "${node_started_at:-}" ] \
+    || record_ray_pids "$node_tmp" "$node_started_at" "$node_state/ray.pids" "${worker_ports[@]}" || true
+  local logs="$state/$node-logs"
+  if [ -d "$node_tmp/session_latest/logs" ]; then
+    rm -rf -- "$logs" && cp -rL -- "$node_tmp/session_latest/logs" "$logs" 2>/dev/null || true
+  fi
+  "$here/local-down.sh" --node "$node" > "$state/$node-down.log" 2>&1 || true
+  echo "local-up: $node: $*" >&2
+  exit 1
+}
+
+# Returns once the GCS lists the node as alive under its label, within the start timeout.
+wait_for_node() {
+  "$bin/python" - "127.0.0.1:$RAY_PORT" "$node" "$start_timeout" >> "$node_state/ray-start.log" 2>&1 <<'PY'
+import logging, sys, time
+import ray
+address, node, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+logging.getLogger("ray").setLevel(logging.ERROR)
+ray.init(address=address, log_to_driver=False, configure_logging=False)
+deadline = time.monotonic() + timeout
+while time.monotonic() < deadline:
+    if any(n["Alive"] and n.get("Labels", {}).get("raybench.node") == node for n in ray.nodes()):
+        print(f"{node} joined the cluster at {address}")
+        sys.exit(0)
+    time.sleep(0.5)
+sys.exit(f"{node} did not join the cluster at {address} within {timeout:g}s")
+PY
+}
+
+# Claim the lowest free node number: mkdir is atomic, so two --add-worker at once never share one.
+claim_node_number() {
+  mkdir -p "$state/nodes"
+  local k=1
+  until mkdir -- "$state/nodes/worker-$k" 2>/dev/null; do k=$((k + 1)); done
+  echo "$k"
+}
+
+next_node_number() {
+  local k=1
+  while [ -e "$state/nodes/worker-$k" ]; do k=$((k + 1)); done
+  echo "$k"
+}
+
+check_worker_settings() {
+  [[ "$worker_cpus" =~ ^[0-9]+$ ]] && (( worker_cpus >= 1 )) \
+    || refuse "RAYBENCH_WORKER_CPUS must be a whole number >= 1, not '$worker_cpus'"
+  [[ "$worker_nodes" =~ ^[0-9]+$ ]] || refuse "RAYBENCH_WORKER_NODES must be a whole number, not '$worker_nodes'"
+  worker_resources="{\"raybench_worker\": $worker_cpus}"
+  [ -z "${RAYBENCH_WORKER_RESOURCES:-}" ] || worker_resources="$RAYBENCH_WORKER_RESOURCES"
+  "$bin/python" -c 'import json, sys
+value = json.loads(sys.argv[1])
+assert isinstance(value, dict) and all(isinstance(v, (int, float)) and v >= 0 for v in value.values())' \
+    "$worker_resources" 2> /dev/null \
+    || refuse "RAYBENCH_WORKER_RESOURCES must be a JSON object of resource amounts, like {\"raybench_worker\": 1}, not '$worker_resources'"
+}
+
+start_worker_node() {
+  node_port_flags
+  "$bin/ray" start --address="127.0.0.1:$RAY_PORT" --node-ip-address=127.0.0.1 "${node_flags[@]}" \
+    --num-cpus="$worker_cpus" --resources="$worker_resources" --labels="raybench.node=$node" \
+    --temp-dir="$node_tmp" --disable-usage-stats >> "$node_state/ray-start.log" 2>&1
+}
+
+# --add-worker: one more worker node for the head recorded in $state.
+add_worker_node() {
+  [ -f "$state/ray_temp_dir" ] && [ -f "$state/port_base" ] \
+    || refuse "no running head is recorded in $state; start one with cluster/local-up.sh first"
+  RAYBENCH_PORT_BASE="$(cat "$state/port_base")"
+  RAY_PORT="$(sed -n 's/^RAY_PORT=//p' "$state/ports.env")"
+  check_worker_settings
+  local k
+  k="$(next_node_number)"
+  plan_worker_ports "$k"
+  check_ports_free "${worker_ports[@]}"
+  k="$(claim_node_number)"
+  plan_worker_ports "$k"
+  node="worker-$k" node_state="$state/nodes/worker-$k"
+  local entry
+  for entry in "${worker_ports[@]}"; do declare -g "${entry%%=*}=${entry#*=}"; done
+  node_tmp="$(mktemp -d /tmp/rb-XXXXXX)"
+  printf '%s\n' "$node_state" > "$node_tmp/$marker_name"
+  printf '%s\n' "$node_tmp" > "$node_state/ray_temp_dir"
+  printf '%s\n' "${worker_ports[@]}" > "$node_state/ports.env"
+  set -E
+  trap 'fail_node "unexpected error at line $LINENO of $0"' ERR
+  trap 'fail_node "interrupted; stopped what had started"' INT TERM
+  export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+  node_started_at="$(date +%s.%N)"
+  local ray_ok=1
+  start_worker_node || ray_ok=0
+  record_ray_pids "$node_tmp" "$node_started_at" "$node_state/ray.pids" "${worker_ports[@]}" \
+    || fail_node "could not record the Ray processes of $node_tmp"
+  (( ray_ok )) || fail_node "ray start failed; see $node_state/ray-start.log"
+  wait_for_node || fail_node "did not join within ${start_timeout}s; see $node_state/ray-start.log"
+  echo "Worker node:    $node ($worker_cpus CPU, resources $worker_resources, label raybench.node=$node; temp dir $node_tmp)"
+  echo "Stop it alone:  RAYBENCH_CLUSTER_DIR=$state cluster/local-down.sh --node $node"
+}
+
+# ----- main ---------------------------------------------------------------------------------------------
+usage="usage: cluster/local-up.sh [--print-ports | --add-worker]   (settings come from the environment; see the top of $0)"
 case "${1:-}" in
   "" | --print-ports) ;;
-  *) refuse "usage: cluster/local-up.sh [--print-ports]   (settings come from the environment; see the top of $0)" ;;
+  --add-worker) add_worker_node; exit 0 ;;
+  *) refuse "$usage" ;;
 esac
+[ $# -le 1 ] || refuse "$usage"
 plan_ports
 validate_ports
-if [ "${1:-}" = "--print-ports" ]; then printf '%s\n' "${ports[@]}"; exit 0; fi
+check_worker_settings
+if [ "${1:-}" = "--print-ports" ]; then
+  printf '%s\n' "${ports[@]}"
+  for k in $(seq 1 "$worker_nodes"); do
+    plan_worker_ports "$k"
+    printf "WORKER_${k}_%s\n" "${worker_ports[@]}"
+  done
+  exit 0
+fi
 [ ! -f "$state/ray_temp_dir" ] \
   || refuse "a cluster recorded in $state is still up; run cluster/local-down.sh first"
 choose_temp_dir
-check_ports_free
+check_ports_free "${ports[@]}"
+for k in $(seq 1 "$worker_nodes"); do
+  plan_worker_ports "$k"
+  check_ports_free "${worker_ports[@]}"
+done
 
 mkdir -p "$state/mlflow-artifacts"
 rm -f -- "$state/ray.pids" "$state/ray-start.log" "$state/ray-ready.log" "$state/local-down.log"
@@ -287,6 +451,7 @@ set -E
 trap 'fail "unexpected error at line $LINENO of $0"' ERR
 trap 'fail "interrupted; stopped what had started"' INT TERM
 printf '%s\n' "${ports[@]}" > "$state/ports.env"
+printf '%s\n' "${RAYBENCH_PORT_BASE:-24000}" > "$state/port_base"
 
 # Submitted jobs inherit the head's environment: PATH so that `raybench` resolves to this install.
 # Token auth, because the GCS and raylet listen on all interfaces (RAY_AUTH_MODE=disabled opts out).
@@ -298,16 +463,20 @@ ensure_auth_token
 started_at="$(date +%s.%N)"
 ray_ok=1
 start_ray || ray_ok=0
-record_ray_pids "$started_at" || fail "could not record the Ray processes of $ray_tmp"
+record_ray_pids "$ray_tmp" "$started_at" "$state/ray.pids" "${ports[@]}" || fail "could not record the Ray processes of $ray_tmp"
 (( ray_ok )) || fail "ray start failed; see $state/ray-start.log"
 start_mlflow
 wait_for_job_agent \
   || fail "the head accepted no job within ${start_timeout}s; see $state/ray-ready.log and $state/ray-logs/dashboard_agent.log"
 wait_for_mlflow || fail "MLflow did not start within ${start_timeout}s; see $state/mlflow.log"
+for k in $(seq 1 "$worker_nodes"); do
+  "$0" --add-worker || fail "worker node $k did not start (see above)"
+done
 
 cat <<MSG
 Ray dashboard:  http://127.0.0.1:$DASHBOARD_PORT   (RAY_AUTH_MODE=$RAY_AUTH_MODE ray job submit --address http://127.0.0.1:$DASHBOARD_PORT ...)
 MLflow:         http://127.0.0.1:$MLFLOW_PORT   (raybench sweep ... --tracking-uri http://127.0.0.1:$MLFLOW_PORT)
+Ray GCS:        127.0.0.1:$RAY_PORT   (raybench sweep ... --address 127.0.0.1:$RAY_PORT; worker nodes: $worker_nodes)
 Ray temp dir:   $ray_tmp   (ports: $state/ports.env)
-Stop both:      RAYBENCH_CLUSTER_DIR=$state cluster/local-down.sh
+Stop all:       RAYBENCH_CLUSTER_DIR=$state cluster/local-down.sh
 MSG

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shlex
 import signal
 import sys
@@ -52,6 +53,22 @@ positive_int = bounded(int, 1)
 non_negative_int = bounded(int, 0)
 non_negative_float = bounded(float, 0)
 positive_float = bounded(float, 0, strict=True)
+
+# Resources Ray or raybench already asks for by their own flags or for the trial drivers.
+RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "trial_driver")
+RESOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}")
+
+
+def resource_request(text: str) -> tuple[str, float]:
+    """An argparse type: NAME=AMOUNT, a custom Ray resource every trial worker asks for."""
+    name, sep, amount = text.partition("=")
+    if not sep or not RESOURCE_NAME.fullmatch(name.strip()):
+        raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT, a custom resource such as raybench_worker=1, got {text!r}")
+    name = name.strip()
+    if name in RESERVED_RESOURCES:
+        raise argparse.ArgumentTypeError(f"{name} is not a custom resource (use --cpus-per-worker/--gpus-per-worker); "
+                                         f"got {text!r}")
+    return name, positive_float(amount.strip())
 
 
 # ----- raybench list ----------------------------------------------------------------------------
@@ -282,7 +299,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     options = SweepOptions(
         space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates, seed=args.seed,
         sampler=args.sampler, max_concurrent=args.max_concurrent, workers_per_trial=args.workers_per_trial,
-        cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker, address=args.address,
+        cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
+        worker_resources=tuple(dict(args.worker_resource).items()), address=args.address,
         tracking_uri=args.tracking_uri, storage=args.storage, name=args.name, smoke=args.smoke, resume=args.resume,
         executor=args.executor, selection=args.selection, autoscaling=args.autoscaling, resume_command=resume,
         scheduler=args.scheduler, grace_period=args.grace_period, reduction_factor=args.reduction_factor,
@@ -620,6 +638,9 @@ def add_sweep_parser(sub: Any) -> None:
     p.add_argument("--workers-per-trial", type=positive_int, default=1)
     p.add_argument("--cpus-per-worker", type=positive_float, default=1.0)
     p.add_argument("--gpus-per-worker", type=non_negative_float, default=0.0)
+    p.add_argument("--worker-resource", type=resource_request, action="append", default=[], metavar="NAME=AMOUNT",
+                   help="a custom Ray resource every trial worker asks for, e.g. raybench_worker=1 to run trials only "
+                        "on the worker nodes of cluster/local-up.sh (repeatable)")
     p.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray")
     p.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
     p.add_argument("--storage", default="runs", help="Tune storage folder (shared storage on a multi-node cluster)")

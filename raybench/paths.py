@@ -3,10 +3,12 @@
 A sweep name becomes folder names under `--storage` and tag values in MLflow, so it is restricted to
 characters that can do neither harm (no separators, no quotes, no leading dot). A folder raybench will
 write into is probed without leaving anything behind, so an unwritable `--storage`, `--output` or SQLite
-path is one line before Ray starts instead of a failure after it.
+path is one line before Ray starts instead of a failure after it. `--storage` is also probed for file locks,
+which the stage cache takes on it from every node.
 """
 from __future__ import annotations
 
+import fcntl
 import re
 import tempfile
 from pathlib import Path
@@ -52,4 +54,25 @@ def writable_dir_problem(path: Path) -> Optional[str]:
             pass
     except OSError as err:
         return f"cannot write to {str(existing)!r} ({err.strerror or err})"
+    return None
+
+
+def file_lock_problem(path: Path) -> Optional[str]:
+    """Why an exclusive `flock` cannot be taken in the folder `path` (or its nearest existing ancestor), or None.
+
+    The stage cache (raybench.trainer.stages) serialises the trials that need the same earlier stage on such a
+    lock, from whichever node they run on. A local disk and NFSv4 (where Linux maps flock onto NFS byte-range
+    locks) honour it; some FUSE and object-store mounts refuse it, and trials would then train one stage twice."""
+    path = Path(path).expanduser()
+    existing = path if path.is_dir() else next((p for p in path.absolute().parents if p.is_dir()), None)
+    if existing is None:
+        return None  # writable_dir_problem names this case
+    try:
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".raybench-lock-probe-") as folder:
+            with open(Path(folder) / "probe.lock", "w") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError as err:
+        return (f"file locks (flock) fail in {str(existing)!r} ({err.strerror or err}); the stage cache needs them "
+                f"on the storage every node shares: use a local folder or an NFSv4 mount")
     return None

@@ -8,6 +8,7 @@ with `log_batch` (one request per epoch, not one per key), which matters over HT
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # `raybench results` prints one table, no bars
 
-from mlflow.entities import Metric, Param  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 # A new SQLite store logs its schema creation and migrations at INFO on every first use: not the user's news.
@@ -218,6 +219,93 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
+# ----- every call to the store, counted, timed and (when safe) retried ------------------------------------
+# Calls a retry cannot duplicate: reads, tag and status writes, and log_batch, whose metrics carry their own
+# timestamp and step (the SQL store drops rows it already has). create_run is not among them: a retry
+# after a lost response would make a second run.
+IDEMPOTENT = frozenset({"log_batch", "set_tag", "set_terminated", "update_run", "search_runs", "get_run",
+                        "get_experiment_by_name", "get_metric_history", "set_experiment_tag"})
+RETRIES = 4  # after MLflow's own HTTP retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES) have given up
+TRANSIENT = ("database is locked", "database table is locked", "Max retries exceeded", "Connection refused",
+             "Connection reset", "Read timed out", "RemoteDisconnected", "error code 429", "error code 500",
+             "error code 502", "error code 503", "error code 504")
+
+
+@dataclass
+class TrackingStats:
+    """What this process asked of the tracking store: calls and seconds, calls that failed for good, and
+    attempts repeated, by raybench after a transient error or by MLflow's HTTP client (urllib3's retries)."""
+
+    calls: int = 0
+    seconds: float = 0.0
+    failed: int = 0
+    retried: int = 0
+    http_retries: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    def since(self, start: "TrackingStats") -> "TrackingStats":
+        return TrackingStats(*(getattr(self, f.name) - getattr(start, f.name) for f in dataclasses.fields(self)))
+
+
+PROCESS_STATS = TrackingStats()  # every counted client of this process adds to it
+
+
+class _HttpRetryCounter(logging.Handler):
+    """urllib3 logs each retry of MLflow's HTTP client as "Retrying (Retry(total=...))"."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Retrying"):
+            PROCESS_STATS.http_retries += 1
+
+
+logging.getLogger("urllib3.connectionpool").addHandler(_HttpRetryCounter(level=logging.WARNING))
+
+
+def is_transient(err: Exception) -> bool:
+    return any(marker in str(err) for marker in TRANSIENT)
+
+
+class CountedClient:
+    """An MlflowClient whose every call is counted and timed in PROCESS_STATS; idempotent calls that meet a
+    transient error (a locked SQLite file, a refused or dropped connection, a 5xx) are tried again with a
+    backoff, so a busy store slows a sweep down instead of losing a trial's record."""
+
+    BACKOFF_S = 0.5
+
+    def __init__(self, client: MlflowClient) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return self._call(name, attribute, args, kwargs)
+            except Exception:
+                PROCESS_STATS.failed += 1
+                raise
+            finally:
+                PROCESS_STATS.calls += 1
+                PROCESS_STATS.seconds += time.perf_counter() - start
+
+        return counted
+
+    def _call(self, name: str, method: Any, args: tuple, kwargs: dict) -> Any:
+        for attempt in range(RETRIES + 1):
+            try:
+                return method(*args, **kwargs)
+            except Exception as err:
+                if name not in IDEMPOTENT or attempt == RETRIES or not is_transient(err):
+                    raise
+                PROCESS_STATS.retried += 1
+                time.sleep(self.BACKOFF_S * 2 ** attempt)
+
+
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The finite numbers among a result's values (Tune adds strings, bools and bookkeeping)."""
     out = {}
@@ -234,7 +322,7 @@ class SweepTracker:
     def __init__(self, uri: str, experiment: str = EXPERIMENT) -> None:
         check_reachable(uri)
         self.uri = credentials_to_environment(uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = CountedClient(MlflowClient(tracking_uri=self.uri))
         self.experiment_id = self._experiment(experiment)
         self.parent_id: Optional[str] = None
 
@@ -300,8 +388,11 @@ class SweepTracker:
         self.client.set_terminated(self.parent_id, status=status)
 
     def _tag(self, run_id: str, tags: Mapping[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(run_id, key, value)
+        if tags:  # one request for all of them
+            self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        self._tag(run_id, tags)
 
     def log_artifacts(self, directory: Path, artifact_path: Optional[str] = None) -> None:
         assert self.parent_id is not None
@@ -352,24 +443,23 @@ class SweepTracker:
         self._log(run.info.run_id, params=flatten(params))
         return run.info.run_id, True
 
-    def log_metrics(self, run_id: str, metrics: Mapping[str, Any], step: int) -> None:
-        self._log(run_id, metrics=numeric_metrics(metrics), step=step)
+    def log_metrics(self, run_id: str, metrics: Mapping[str, Any], step: int,
+                    tags: Optional[Mapping[str, str]] = None) -> None:
+        self._log(run_id, metrics=numeric_metrics(metrics), step=step, tags=tags)
 
     def end_child(self, run_id: str, status: str, reason: Optional[str] = None,
                   tags: Optional[Mapping[str, str]] = None) -> None:
-        if reason:
-            self.client.set_tag(run_id, "failure_reason", reason[:5000])
-        self._tag(run_id, tags or {})
+        self._tag(run_id, {**({"failure_reason": reason[:5000]} if reason else {}), **(tags or {})})
         self.client.set_terminated(run_id, status=status)
 
     def _log(self, run_id: str, params: Optional[dict[str, str]] = None, metrics: Optional[dict[str, float]] = None,
-             step: int = 0) -> None:
+             step: int = 0, tags: Optional[Mapping[str, str]] = None) -> None:
         now = int(time.time() * 1000)
         self.client.log_batch(
             run_id,
             metrics=[Metric(k, v, now, step) for k, v in (metrics or {}).items()],
             params=[Param(k, v) for k, v in (params or {}).items()],
-            tags=[],
+            tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
         )
 
     def children(self, nested: bool = False) -> list[Any]:

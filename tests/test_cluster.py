@@ -175,6 +175,34 @@ def test_port_plan_derives_every_port_from_one_base_and_each_can_be_overridden(s
         assert len(refused.stderr.strip().splitlines()) == 1 and refused.stderr.startswith("local-up: "), refused.stderr
 
 
+def test_worker_nodes_take_the_blocks_after_the_heads_and_bad_settings_are_refused(sweep_env, tmp_path, fake_bin):
+    env = cluster_env(sweep_env, tmp_path, "plan", 30000, RAYBENCH_WORKER_NODES="2", RAYBENCH_BIN=str(fake_bin))
+    plan = port_plan(env)
+    head = {port for name, port in plan.items() if not name.startswith("WORKER_") and not name.endswith("_WORKER_PORT")}
+    for k in (1, 2):
+        node = {name.removeprefix(f"WORKER_{k}_"): port for name, port in plan.items() if name.startswith(f"WORKER_{k}_")}
+        assert set(node) == {"RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT", "RAYBENCH_DASHBOARD_AGENT_GRPC_PORT",
+                             "RAYBENCH_RUNTIME_ENV_AGENT_PORT", "RAYBENCH_METRICS_EXPORT_PORT",
+                             "RAYBENCH_NODE_MANAGER_PORT", "RAYBENCH_OBJECT_MANAGER_PORT",
+                             "RAYBENCH_MIN_WORKER_PORT", "RAYBENCH_MAX_WORKER_PORT"}
+        block = set(range(30000 + BLOCK * k, 30000 + BLOCK * (k + 1)))
+        workers = set(range(node["RAYBENCH_MIN_WORKER_PORT"], node["RAYBENCH_MAX_WORKER_PORT"] + 1))
+        fixed = {port for name, port in node.items() if not name.endswith("_WORKER_PORT")}
+        assert fixed | workers <= block and not fixed & workers and not head & block
+
+    for bad, named in (({"RAYBENCH_WORKER_CPUS": "0"}, "RAYBENCH_WORKER_CPUS"),
+                       ({"RAYBENCH_WORKER_NODES": "two"}, "RAYBENCH_WORKER_NODES"),
+                       ({"RAYBENCH_WORKER_RESOURCES": "[1]"}, "RAYBENCH_WORKER_RESOURCES")):
+        refused = script("local-up.sh", {**env, **bad}, timeout=60)
+        assert refused.returncode == 2 and named in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and refused.stderr.startswith("local-up: "), refused.stderr
+    alone = script("local-up.sh", env, "--add-worker", timeout=60)  # no head recorded in this state dir
+    assert alone.returncode == 2 and "no running head is recorded" in alone.stderr, alone.stderr
+    down = script("local-down.sh", env, "--node", "worker-9", timeout=60)
+    assert down.returncode == 2 and "no worker node worker-9 is recorded" in down.stderr, down.stderr
+    assert not (fake_bin / "ran").exists(), "a refusal started something: " + (fake_bin / "ran").read_text()
+
+
 def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env, tmp_path):
     base_a = free_port_base()
     base_b = free_port_base(avoid=(base_a,))

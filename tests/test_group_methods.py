@@ -273,3 +273,19 @@ def test_a_cache_hit_and_a_miss_give_the_same_trial(tiny_group_dataset, tmp_path
     loaded, stages_again = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, upsample=3, augment=True)
     assert not stages[0].cached and stages_again[0].cached
     assert trained.history[-1]["train/loss/total"] == pytest.approx(loaded.history[-1]["train/loss/total"], rel=1e-6)
+
+
+def test_a_huge_multiset_is_drawn_without_one_object_per_index():
+    """JTT upsamples its error set S_r = 800 times: tens of millions of indices. Drawing a batch must not turn
+    the permuted multiset into a Python object per element (that took 17.8 GB in one trial)."""
+    import tracemalloc
+
+    multiset = torch.arange(2_000_000) % 1000
+    tracemalloc.start()
+    try:
+        batch = next(multiset_batches(multiset, 64, steps=1, generator=torch.Generator().manual_seed(0)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert batch.shape == (64,) and batch.dtype == torch.long and int(batch.max()) < 1000
+    assert peak < 20 * 2**20, f"drawing one batch held {peak / 2**20:.0f} MiB of Python objects"

@@ -56,6 +56,12 @@ def test_an_existing_sweep_is_not_overwritten_without_resume(tmp_path):
         (["sweep", "erm", "--dataset", "nope"], "unknown dataset 'nope'; known: amazon, camelyon17"),
         (["sweep", "erm", "--trials", "0"], "--trials: expected an integer >= 1, got 0"),
         (["sweep", "erm", "--gpus-per-worker", "-1"], "--gpus-per-worker: expected a finite number >= 0, got -1.0"),
+        (["sweep", "erm", "--worker-resource", "raybench_worker"],
+         "--worker-resource: expected NAME=AMOUNT, a custom resource such as raybench_worker=1, got 'raybench_worker'"),
+        (["sweep", "erm", "--worker-resource", "CPU=1"], "--worker-resource: CPU is not a custom resource"),
+        (["sweep", "erm", "--worker-resource", "raybench_worker=0"],
+         "--worker-resource: expected a finite number > 0, got 0.0"),
+        (["sweep", "erm", "--worker-resource", "a/b=1"], "--worker-resource: expected NAME=AMOUNT"),
     ],
 )
 def test_bad_sweep_input_gets_one_line_and_starts_nothing(argv, message, capsys, tmp_path):
@@ -100,3 +106,29 @@ def test_the_searcher_does_not_hand_out_a_config_twice(tmp_path):
     more = [restored.suggest(f"t{i}") for i in range(4, 6)]
     assert len({tuple(sorted(d.items())) for d in drawn + more}) == 6  # the whole grid, no repeat
     assert restored.suggest("t6") in drawn + more  # an exhausted grid still answers
+
+
+def test_worker_resources_reach_every_workers_request():
+    from raybench.cli import build_parser
+    from raybench.sweep.ray_backend import Resources
+
+    args = build_parser().parse_args(["sweep", "erm", "--worker-resource", "raybench_worker=1",
+                                      "--worker-resource", "ssd=0.5"])
+    requested = tuple(dict(args.worker_resource).items())
+    assert Resources(cpus_per_worker=2, custom=requested).per_worker() == {"CPU": 2, "GPU": 0.0, "raybench_worker": 1.0,
+                                                                          "ssd": 0.5}
+
+
+def test_storage_without_file_locks_is_refused_before_ray(monkeypatch, capsys, tmp_path):
+    """The stage cache locks on --storage from every node: a mount that refuses flock is one line, exit 2."""
+    import errno
+    import fcntl
+
+    def no_locks(handle, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert main(["sweep", "erm", "--storage", str(tmp_path / "shared")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("raybench: error: --storage: file locks (flock) fail in ") and "No locks available" in err
+    assert "\n" not in err and not (tmp_path / "shared").exists() and not (tmp_path / "mlflow.db").exists()

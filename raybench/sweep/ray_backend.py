@@ -58,6 +58,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: 
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler  # noqa: E402
 from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 from ray.util.queue import Empty as QueueEmpty, Queue as RayQueue  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from raybench.sweep.errors import ClusterError  # noqa: E402
 from raybench.sweep.progress import StageProgress  # noqa: E402
@@ -65,7 +66,7 @@ from raybench.sweep.sampling import MAX_REDRAWS, SAMPLERS, config_key, optuna_di
 from raybench.sweep.space import ResolvedSpace, run_key  # noqa: E402
 from raybench.sweep.results import FAILED, INTERRUPTED, OK, SELECTABLE, STOPPED  # noqa: E402
 from raybench.sweep.ray_worker import (  # noqa: E402
-    EPOCHS_DONE, FAILURE_KEY, SEARCH_METRIC, STAGES_KEY, TrainReporter, TrialClock, WorkersReportCallback,
+    EPOCHS_DONE, FAILURE_KEY, NODE_KEY, SEARCH_METRIC, STAGES_KEY, TrainReporter, TrialClock, WorkersReportCallback,
     deterministic_failure, fit, flat_report, train_worker_loop,
 )
 from raybench.trainer import EpochReport  # noqa: E402
@@ -148,10 +149,19 @@ class TrialFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Resources:
+    """What each trial asks of the cluster. `custom` adds custom resources to every worker's request (name,
+    amount): `(("raybench_worker", 1.0),)` places each worker on a node that offers it, such as the worker
+    nodes cluster/local-up.sh adds."""
+
     workers: int = 1
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     max_failures: int = 2
+    custom: tuple[tuple[str, float], ...] = ()
+
+    def per_worker(self) -> dict[str, float]:
+        """One worker's request in Ray's resource names."""
+        return {"CPU": self.cpus_per_worker, "GPU": self.gpus_per_worker, **dict(self.custom)}
 
 
 @dataclass(frozen=True)
@@ -239,17 +249,19 @@ def check_resources(resources: "Resources", executor: str, autoscaling: bool) ->
     An autoscaling cluster may grow into the request, so `autoscaling` skips the check."""
     if autoscaling:
         return
-    need = {"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker}
+    need = resources.per_worker()
     nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
     fits = sum(_bundles_on(node, need) for node in nodes)
     workers = resources.workers if executor == "train" else 1
     if fits >= workers:
         return
-    have = ", ".join(f"{int(n.get('CPU', 0))} CPU/{int(n.get('GPU', 0))} GPU" for n in nodes) or "no alive node"
+    custom = "".join(f" and {amount:g} {name}" for name, amount in resources.custom)
+    have = ", ".join(f"{int(n.get('CPU', 0))} CPU/{int(n.get('GPU', 0))} GPU"
+                     + "".join(f"/{n.get(name, 0):g} {name}" for name, _ in resources.custom) for n in nodes)
     raise ClusterError(
-        f"each trial asks for {workers} worker(s) of {need['CPU']:g} CPU and {need['GPU']:g} GPU, but the cluster's "
-        f"nodes have {have}; lower --workers-per-trial/--cpus-per-worker/--gpus-per-worker, or pass --autoscaling "
-        f"if the cluster adds nodes on demand")
+        f"each trial asks for {workers} worker(s) of {need['CPU']:g} CPU and {need['GPU']:g} GPU{custom}, but the "
+        f"cluster's nodes have {have or 'no alive node'}; lower --workers-per-trial/--cpus-per-worker/"
+        f"--gpus-per-worker, change --worker-resource, or pass --autoscaling if the cluster adds nodes on demand")
 
 
 def _bundles_on(node: dict[str, float], need: dict[str, float]) -> int:
@@ -397,7 +409,10 @@ class ReportRelay:
     POLL_S = 0.5  # how long one wait on the queue lasts before the fit thread is looked at again
 
     def __init__(self) -> None:
-        self.queue = RayQueue(actor_options={"num_cpus": 0})
+        # On the driver's own node, as Ray Train places the run's controller: a queue that landed on another
+        # node would die with it and fail the trial, where the run itself is retried from its checkpoint.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.queue = RayQueue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
     def callback(self) -> WorkersReportCallback:
         return WorkersReportCallback(self.queue)
@@ -449,7 +464,7 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
                                "stop_file": _stop_file(spec, trial_id)},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0,
-                resources_per_worker={"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker},
+                resources_per_worker=resources.per_worker(),
             ),
             run_config=ray.train.RunConfig(
                 name=name, storage_path=str(spec.storage / spec.name / "train"),
@@ -490,7 +505,8 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         return tune.with_resources(train_driver, {"cpu": 0, DRIVER_RESOURCE: 1})
     if resources.workers != 1:
         raise ValueError("--executor function runs single-worker trials; use --executor train for several workers")
-    return tune.with_resources(function_trial, {"cpu": resources.cpus_per_worker, "gpu": resources.gpus_per_worker})
+    return tune.with_resources(function_trial, {"cpu": resources.cpus_per_worker, "gpu": resources.gpus_per_worker,
+                                                 **dict(resources.custom)})
 
 
 MAX_RUN_NAME = 120
@@ -631,11 +647,12 @@ class TrackingCallback(tune.Callback):
         self.uri, self.parent_id = tracker.uri, tracker.parent_id
         self.runs: dict[str, str] = {}
         self.stages_logged: set[tuple[str, str]] = set()
+        self.nodes: dict[str, list[str]] = {}  # per Tune trial, the nodes its epochs ran on, in order
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles callbacks into its experiment state and hands the copy back on restore: keep the
         tracking URI and parent run id, and reconnect lazily."""
-        return {**self.__dict__, "_tracker": None, "runs": {}, "stages_logged": set()}
+        return {**self.__dict__, "_tracker": None, "runs": {}, "stages_logged": set(), "nodes": {}}
 
     @property
     def tracker(self) -> Any:
@@ -665,9 +682,21 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         run = self._run(trial)
+        tags = self._node_tags(trial, result.get(NODE_KEY))
         if FAILURE_KEY not in result and not result.get("replayed"):
-            self.tracker.log_metrics(run, result, step=int(result.get("epoch", iteration)))
+            self.tracker.log_metrics(run, result, step=int(result.get("epoch", iteration)), tags=tags)
+        elif tags:
+            self.tracker.set_tags(run, tags)
         self._log_stages(trial, run, result)
+
+    def _node_tags(self, trial: Any, node: Optional[str]) -> dict[str, str]:
+        """The run's `raybench.nodes` tag (the nodes it ran on, in order: `worker-1,head` after a node was lost)
+        when this result moved it, sent with the epoch's metrics in the same request."""
+        seen = self.nodes.setdefault(trial.trial_id, [])
+        if not node or (seen and seen[-1] == node):
+            return {}
+        seen.append(node)
+        return {"raybench.nodes": ",".join(seen)}
 
     def _log_stages(self, trial: Any, run: str, result: dict) -> None:
         """Each earlier stage of a multi-stage method becomes a run nested in the trial's run, once."""
@@ -680,12 +709,13 @@ class TrackingCallback(tune.Callback):
         run = self._run(trial)
         last, record = trial.last_result or {}, self.records.for_trial(trial)
         reason = last.get(FAILURE_KEY)  # a diverged Train run ends without an exception
-        if record and not last.get("replayed"):  # what the run used, from its record
-            timing = {k: v for k, v in record.items() if k.startswith("time/")}
-            self.tracker.log_metrics(run, timing, step=int(record.get("epoch", iteration)))
         tags = {"raybench.selection_blind": str(last[BLIND_INFO])} if last.get(BLIND_INFO) else {}
         if record.get(STOPPED_KEY):
             tags["raybench.stopped_early"] = f"after epoch {int(record[EPOCHS_DONE]) - 1}"
+        if record and not last.get("replayed"):  # what the run used, from its record, with the tags in one request
+            timing = {k: v for k, v in record.items() if k.startswith("time/")}
+            self.tracker.log_metrics(run, timing, step=int(record.get("epoch", iteration)), tags=tags)
+            tags = {}
         self.tracker.end_child(run, "FAILED" if reason else "FINISHED", reason=reason, tags=tags)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -791,5 +821,6 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
             "selection_note": metrics.get(NOTE_INFO),
             "metrics": {k: v for k, v in metrics.items() if k.startswith(("best/", "time/")) and isinstance(v, (int, float))},
             "checkpoint": _checkpoint_path(result, metrics),
+            "node": (record or metrics).get(NODE_KEY),
         })
     return sorted(records, key=lambda r: r["order"])

@@ -28,6 +28,17 @@ SEARCH_METRIC = "selection/best"
 CPU_KEY = "time/cpu_s"
 EPOCHS_DONE = "epochs_done"  # what an early-stopping scheduler counts its rungs in
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # where Train persisted a report's checkpoint (as TuneReportCallback names it)
+NODE_KEY = "info/node"  # the Ray node this epoch ran on (rank 0's), as it names itself
+NODE_LABEL = "raybench.node"  # the node label cluster/local-up.sh gives each node (head, worker-1, ...)
+
+
+def node_name() -> str:
+    """The node this process runs on: its `raybench.node` label where the cluster gives one, else the start
+    of Ray's node id. Every report carries it, so a trial's record says where it ran, and where it moved
+    when a node was lost."""
+    context = ray.get_runtime_context()
+    labels = context.get_node_labels() or {}
+    return str(labels.get(NODE_LABEL) or context.get_node_id()[:12])
 
 
 @dataclass
@@ -66,6 +77,7 @@ def flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
     metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
     metrics[EPOCHS_DONE] = report.metrics["epoch"] + 1
     metrics.update({f"info/{k}": v for k, v in facts.items()})
+    metrics[NODE_KEY] = node_name()
     return metrics
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from raybench.sweep.progress import duration
-from raybench.sweep.results import compute_line, fmt, nothing_selected, notices, summary_splits
+from raybench.sweep.results import compute_line, fmt, nothing_selected, notices, summary_splits, summary_tracking_line
 
 
 def _json_safe(value: Any) -> Any:
@@ -55,6 +55,8 @@ def table(summary: dict[str, Any]) -> str:
         out += [frame.to_string(index=False), ""]
     if summary.get("compute"):
         out += [f"wall time {duration(summary['wall_seconds'])}. {compute_line(summary['compute'])}", ""]
+    if summary.get("tracking"):
+        out += [summary_tracking_line(summary), ""]
     if sel is None:
         out.append(nothing_selected(summary))
         return "\n".join(out)

@@ -89,6 +89,20 @@ def compute_line(compute: dict[str, dict[str, float]]) -> str:
     return "Compute: " + ("; ".join(parts) if parts else "nothing ran")
 
 
+def tracking_line(stats: dict[str, float], wall_s: float, runs: int) -> str:
+    """`Tracking: 1234 calls (6.2 a run), 45.0 s (12.0% of the wall time), 0 failed, 0 retried`: what the sweep's
+    process asked of the MLflow store (raybench.tracking.TrackingStats)."""
+    share = 100.0 * stats["seconds"] / wall_s if wall_s > 0 else 0.0
+    per_run = f" ({stats['calls'] / runs:.1f} a run)" if runs else ""
+    return (f"Tracking: {int(stats['calls'])} calls{per_run}, {stats['seconds']:.1f} s ({share:.1f}% of the wall time), "
+            f"{int(stats['failed'])} failed, {int(stats['retried']) + int(stats['http_retries'])} retried")
+
+
+def summary_tracking_line(summary: dict[str, Any]) -> str:
+    runs = sum(int(stage["runs"]) for stage in summary.get("compute", {}).values())
+    return tracking_line(summary["tracking"], summary["wall_seconds"], runs)
+
+
 def blindness(trials: list[dict[str, Any]]) -> Optional[str]:
     """One line when trials' selection metric never moved: that selection picked by chance, not by merit."""
     # Trials that ran to their end: one stopped early (ASHA) ended right after a report, before the check.
@@ -105,6 +119,7 @@ def trials_frame(trials: list[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for t in trials:
         row = {k: t[k] for k in ("order", "trial_id", "status", "failure_reason", "selection_value", "best_epoch")}
+        row["node"] = t.get("node")
         row.update({f"config.{k}": v for k, v in t["sampled"].items()})
         row.update(t["metrics"])
         rows.append(row)
@@ -152,6 +167,8 @@ def markdown(summary: dict[str, Any]) -> str:
     lines += [f"**{line}**" for line in notices(summary)] + ([""] if notices(summary) else [])
     if summary.get("compute"):
         lines += [f"Wall time: {summary['wall_seconds']:.0f} s. {compute_line(summary['compute'])}", ""]
+    if summary.get("tracking"):
+        lines += [summary_tracking_line(summary), ""]
     if sel is None:
         lines.append(nothing_selected(summary))
     else:

@@ -14,13 +14,13 @@ from typing import Any, Mapping, Optional
 
 import raybench
 from raybench.data import ShiftDataset, load_dataset
-from raybench.paths import inside, name_problem, safe_name, writable_dir_problem
+from raybench.paths import file_lock_problem, inside, name_problem, safe_name, writable_dir_problem
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepExists, SweepInterrupted
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import ResolvedSpace, SearchSpace, load_space
-from raybench.tracking import RESUME_TAG, SweepTracker, TrackingError, base_tags, check_uri, default_tracking_uri, redact_uri
+from raybench.tracking import PROCESS_STATS, RESUME_TAG, SweepTracker, TrackingError, base_tags, check_uri, default_tracking_uri, redact_uri
 
 
 SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
@@ -53,6 +53,7 @@ class SweepOptions:
     workers_per_trial: int = 1
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
+    worker_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources each trial worker asks for
     address: Optional[str] = None
     tracking_uri: Optional[str] = None
     storage: str = "runs"
@@ -164,7 +165,7 @@ def check_options(options: SweepOptions) -> None:
         raise OptionError(f"--grace-period: expected a whole number of epochs >= 1, got {options.grace_period}")
     if not options.reduction_factor > 1:
         raise OptionError(f"--reduction-factor: expected a number > 1, got {options.reduction_factor:g}")
-    problem = writable_dir_problem(Path(options.storage))
+    problem = writable_dir_problem(Path(options.storage)) or file_lock_problem(Path(options.storage))
     if problem:
         raise OptionError(f"--storage: {problem}")
 
@@ -202,7 +203,8 @@ def run_sweep(prepared: Prepared) -> dict[str, Any]:
     opts = prepared.options
     connected = backend.connect(opts.address, driver_slots=max(opts.max_concurrent, 1) * 2)
     try:
-        resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker, opts.max_failures)
+        resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker,
+                                      opts.max_failures, custom=opts.worker_resources)
         backend.check_resources(resources, opts.executor, opts.autoscaling)
         tags = base_tags(opts.dataset, prepared.algorithm)
         if opts.resume_command:
@@ -225,6 +227,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
                           tags: dict[str, str]) -> dict[str, Any]:
     opts = prepared.options
     started = time.time()
+    tracking_before = dataclasses.replace(PROCESS_STATS)
 
     def spec(stage: str, total: int, suffix: str = "", early_stopping: Any = None) -> Any:
         name = f"{prepared.name}-{stage}{suffix}"
@@ -253,6 +256,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
         replicates = backend.collect(grid, prepared.space, replicate)
         _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, trials, selected, seeds)
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
+    summary["tracking"] = PROCESS_STATS.since(tracking_before).as_dict()
     _record(prepared, tracker, summary, trials, replicates, selected)
     return summary
 

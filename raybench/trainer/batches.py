@@ -41,12 +41,20 @@ def balanced_batches(keys: Tensor, batch_size: int, steps: int, generator: torch
         counts = [share] * len(members)
         for k in torch.randperm(len(members), generator=generator)[:extra].tolist():
             counts[k] += 1
-        yield torch.cat([torch.stack([next(streams[k]) for _ in range(c)]) for k, c in enumerate(counts) if c])
+        yield torch.tensor([next(streams[k]) for k, c in enumerate(counts) for _ in range(c)], dtype=torch.long)
 
 
-def _endless(members: Tensor, generator: torch.Generator) -> Iterator[Tensor]:
+ENDLESS_CHUNK = 4096  # indices turned into Python ints at a time
+
+
+def _endless(members: Tensor, generator: torch.Generator) -> Iterator[int]:
+    """`members` in a fresh random order per pass, as ints. Iterating the permuted tensor itself would unbind
+    it into one tensor object per element at once: for JTT's multiset (the error set repeated S_r times,
+    tens of millions of indices) that is gigabytes before the first batch."""
     while True:
-        yield from members[torch.randperm(len(members), generator=generator)]
+        order = members[torch.randperm(len(members), generator=generator)]
+        for start in range(0, len(order), ENDLESS_CHUNK):
+            yield from order[start:start + ENDLESS_CHUNK].tolist()
 
 
 def weighted_batches(weights: Tensor, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
@@ -59,4 +67,4 @@ def multiset_batches(indices: Tensor, batch_size: int, steps: int, generator: to
     """An upsampled multiset of indices in a fresh random order, cycled if the epoch asks for more."""
     stream = _endless(indices, generator)
     for _ in range(steps):
-        yield torch.stack([next(stream) for _ in range(batch_size)])
+        yield torch.tensor([next(stream) for _ in range(batch_size)], dtype=torch.long)

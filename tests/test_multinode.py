@@ -1,0 +1,306 @@
+"""A real two-node Ray cluster on one machine (cluster/local-up.sh with a worker node): trials placed on the
+worker node by a custom resource, a worker node lost mid-sweep (SIGKILL of its raylet and workers by their
+recorded PIDs), the sweep's driver killed and resumed from another process, and two trials on two nodes
+sharing one stage-cache entry through the shared --storage.
+
+One cluster serves the module (starting one takes about a minute on 2 cores): the head offers 1 CPU and the
+trial drivers, worker-1 offers 1 CPU and `raybench_worker`. A test that kills worker-1 starts it again.
+Every wait polls an event (an MLflow run, a process, a node) with a bounded deadline and says what it waited for.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import BIN, stop_processes_under
+from test_cluster import alive, free_port_base, port_is_free, port_plan, recorded, script
+
+pytestmark = pytest.mark.timeout(1500)
+
+WORKER = "worker-1"
+SWEEP_TIMEOUT_S = 900
+
+
+def wait_for(what: str, condition: Callable[[], Any], timeout: float, poll: float = 0.5) -> Any:
+    """Poll `condition` until it returns something truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll)
+    pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@dataclass
+class TwoNodes:
+    """The module's cluster: its environment, state dir and GCS address, and its worker node's processes."""
+
+    env: dict[str, str]
+    state: Path
+    gcs: str
+
+    @property
+    def worker_state(self) -> Path:
+        return self.state / "nodes" / WORKER
+
+    def worker_processes(self) -> list[psutil.Process]:
+        """worker-1's recorded processes (raylet, agents, log monitor) and all their descendants (its Ray
+        workers), listed before any is signalled."""
+        tree: dict[int, psutil.Process] = {}
+        for pid, created in recorded(self.worker_state):
+            if alive(pid, created):
+                proc = psutil.Process(pid)
+                tree.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
+        return list(tree.values())
+
+    def kill_worker_node(self) -> list[int]:
+        """SIGKILL the whole worker node at once, as a machine that loses power."""
+        procs = self.worker_processes()
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+        return [p.pid for p in procs]
+
+    def ensure_worker_node(self) -> None:
+        """worker-1 up: after a kill, clear its record (local-down --node) and add it again."""
+        if (self.worker_state / "ray.pids").exists() and any(alive(*entry) for entry in recorded(self.worker_state)):
+            return
+        script("local-down.sh", self.env, "--node", WORKER, timeout=180)
+        added = script("local-up.sh", self.env, "--add-worker")
+        assert added.returncode == 0, added.stderr + added.stdout
+
+    def sweep(self, *args: str, cwd: Path) -> subprocess.Popen:
+        return subprocess.Popen([str(BIN / "raybench"), "sweep", *args, "--address", self.gcs], env=self.env, cwd=cwd,
+                                start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory, shared_data_dir):
+    root = tmp_path_factory.mktemp("two-nodes")
+    token = root / "ray_auth_token"  # private: the tests never touch ~/.ray
+    token.write_text(secrets.token_hex(32))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYBENCH_", "RAY_"))}
+    env.update({"RAYBENCH_PORT_BASE": str(free_port_base_for_nodes(2)), "RAYBENCH_CLUSTER_DIR": str(root / "state"),
+                "RAY_NUM_CPUS": "1", "RAYBENCH_WORKER_NODES": "1", "RAYBENCH_WORKER_CPUS": "1", "RAYBENCH_BIN": str(BIN),
+                "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAYBENCH_DATA_DIR": str(shared_data_dir),
+                "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1",
+                "PATH": f"{BIN}:{os.environ.get('PATH', '')}"})
+    env.pop("MLFLOW_TRACKING_URI", None)
+    plan = port_plan(env)
+    up = script("local-up.sh", env)
+    cluster = TwoNodes(env, root / "state", f"127.0.0.1:{plan['RAY_PORT']}")
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        yield cluster
+    finally:
+        started = [entry for pids in (root / "state").glob("**/ray.pids") for entry in recorded(pids.parent)]
+        down = script("local-down.sh", env, timeout=240)
+        for temp in (root / "state").glob("**/ray_temp_dir"):  # only if local-down could not
+            stop_processes_under(temp.read_text().strip())
+    assert down.returncode == 0, down.stderr
+    assert started and not [pid for pid, created in started if alive(pid, created)], "local-down left a node's processes"
+    assert not (root / "state" / "nodes").exists() and not (root / "state" / "ray_temp_dir").exists()
+
+
+def free_port_base_for_nodes(nodes: int) -> int:
+    """A base whose blocks for the head and its worker nodes are all free (local-up: 200 ports a node)."""
+    base = free_port_base()
+    while not all(port_is_free(p) for p in range(base, base + 200 * nodes)):
+        base = free_port_base()
+    return base
+
+
+# ----- MLflow views -----------------------------------------------------------------------------------------------
+def runs_of(uri: str, stage: str, sweep: str) -> list[Any]:
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("raybench")
+    if experiment is None:
+        return []
+    parents = client.search_runs([experiment.experiment_id], f"tags.stage = 'sweep' and tags.`raybench.sweep` = '{sweep}'")
+    if not parents:
+        return []
+    return client.search_runs([experiment.experiment_id], f"tags.stage = '{stage}' and "
+                              f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
+
+
+def epochs_logged(uri: str, run_id: str) -> list[int]:
+    return sorted(m.step for m in MlflowClient(tracking_uri=uri).get_metric_history(run_id, "val/acc"))
+
+
+def summary_of(storage: Path, name: str) -> dict[str, Any]:
+    return json.loads((storage / name / "results" / "summary.json").read_text())
+
+
+def finish(proc: subprocess.Popen, what: str) -> str:
+    try:
+        output, _ = proc.communicate(timeout=SWEEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        pytest.fail(f"{what} did not finish within {SWEEP_TIMEOUT_S}s:\n{output[-4000:]}")
+    assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{output[-4000:]}"
+    return output
+
+
+def scores(replicate_summary: dict[str, Any]) -> dict[str, Any]:
+    """The replicates' metrics without their timing, which no two runs share."""
+    return {k: v for k, v in replicate_summary.items() if not k.startswith("time/")}
+
+
+def table(summary: dict[str, Any]) -> list[tuple]:
+    """What a user compares between two sweeps: the trials in order, their configs, statuses and values."""
+    return [(t["trial_id"], json.dumps(t["sampled"], sort_keys=True), t["status"], t["selection_value"], t["best_epoch"])
+            for t in summary["trials"]]
+
+
+# ----- trials land where they are asked to ------------------------------------------------------------------------
+def test_two_nodes_join_and_trials_land_on_the_worker_node_by_its_resource(two_nodes, tmp_path):
+    two_nodes.ensure_worker_node()
+    nodes = subprocess.run(
+        [str(BIN / "python"), "-c", "import json, ray; ray.init(address='" + two_nodes.gcs + "', log_to_driver=False); "
+         "print(json.dumps([[n['Labels'].get('raybench.node'), n['Resources']] for n in ray.nodes() if n['Alive']]))"],
+        env=two_nodes.env, capture_output=True, text=True, timeout=120)
+    assert nodes.returncode == 0, nodes.stderr[-3000:]
+    found = dict(json.loads(nodes.stdout.strip().splitlines()[-1]))
+    assert set(found) == {"head", WORKER}, found
+    assert found[WORKER]["raybench_worker"] == 1 and found[WORKER]["CPU"] == 1 and "trial_driver" not in found[WORKER]
+    assert found["head"]["trial_driver"] >= 1 and "raybench_worker" not in found["head"]
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = two_nodes.sweep("erm", "--smoke", "--trials", "2", "--replicates", "0", "--executor", "function",
+                           "--worker-resource", "raybench_worker=1", "--name", "placed", "--storage",
+                           str(tmp_path / "runs"), "--tracking-uri", uri, cwd=tmp_path)
+    finish(proc, "the placed sweep")
+    trials = summary_of(tmp_path / "runs", "placed")["trials"]
+    assert [t["node"] for t in trials] == [WORKER, WORKER], trials
+    assert sorted(r.data.tags["raybench.nodes"] for r in runs_of(uri, "search", "placed")) == [WORKER, WORKER]
+
+
+# ----- a worker node lost mid-sweep --------------------------------------------------------------------------------
+NODE_LOSS = ["erm", "--trials", "6", "--replicates", "1", "--seed", "3", "--max-concurrent", "2",
+             "--set", "epochs=3", "--set", "max_steps_per_epoch=60", "--set", "patience=none"]
+
+
+def running_on_worker_mid_trial(uri: str, sweep: str) -> Any:
+    """A search run whose epochs ran on worker-1, with a checkpointed epoch and epochs still to go."""
+    for run in runs_of(uri, "search", sweep):
+        if run.info.status == "RUNNING" and run.data.tags.get("raybench.nodes") == WORKER:
+            if 1 <= len(epochs_logged(uri, run.info.run_id)) < 3:
+                return run
+    return None
+
+
+def test_a_lost_worker_node_moves_its_trials_to_a_surviving_node_from_their_checkpoints(two_nodes, tmp_path):
+    """Train executor, a checkpoint every epoch: the node dies (raylet, object store, workers) and the sweep
+    ends as an uninterrupted one with the same seed: same trials, configs, values and selection."""
+    two_nodes.ensure_worker_node()
+    storage, uri = tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db"
+    lost = two_nodes.sweep(*NODE_LOSS, "--name", "lost", "--storage", str(storage), "--tracking-uri", uri, cwd=tmp_path)
+    try:
+        victim = wait_for("a trial on worker-1 with a checkpointed epoch and epochs to go, or the sweep's end",
+                          lambda: "ended" if lost.poll() is not None else running_on_worker_mid_trial(uri, "lost"),
+                          timeout=600)
+        assert victim != "ended", "the sweep ended before a trial was seen mid-run on worker-1:\n" + lost.communicate()[0][-3000:]
+        epochs_before = epochs_logged(uri, victim.info.run_id)
+        killed = two_nodes.kill_worker_node()
+        assert killed and not two_nodes.worker_processes()
+        output = finish(lost, "the sweep that lost a node")
+    finally:
+        if lost.poll() is None:
+            lost.kill()
+    summary = summary_of(storage, "lost")
+    assert len(summary["trials"]) == 6 and len({t["trial_id"] for t in summary["trials"]}) == 6, output[-3000:]
+    assert all(t["status"] == "ok" for t in summary["trials"]), summary["trials"]
+    assert summary["replicates"]["ok"] == 1 and len(summary["replicates"]["runs"]) == 1
+
+    # MLflow: each trial once, every epoch once; the lost one carried on from its checkpoint on the head.
+    search = runs_of(uri, "search", "lost")
+    assert sorted(r.data.tags["trial_id"] for r in search) == sorted(t["trial_id"] for t in summary["trials"])
+    assert all(r.info.status == "FINISHED" for r in search)
+    assert all(epochs_logged(uri, r.info.run_id) == [0, 1, 2] for r in search), \
+        {r.data.tags["trial_id"]: epochs_logged(uri, r.info.run_id) for r in search}
+    moved = next(r for r in search if r.info.run_id == victim.info.run_id)
+    assert moved.data.tags["raybench.nodes"] == f"{WORKER},head", (epochs_before, moved.data.tags)
+    assert len(runs_of(uri, "replicate", "lost")) == 1
+
+    # The same sweep, never interrupted (worker-1 back): the same table and the same selection. It runs the
+    # same trainer on the same configs and seeds through the function executor, in a fraction of the time.
+    two_nodes.ensure_worker_node()
+    calm = two_nodes.sweep(*NODE_LOSS, "--executor", "function", "--name", "calm", "--storage", str(storage),
+                           "--tracking-uri", uri, cwd=tmp_path)
+    finish(calm, "the uninterrupted sweep")
+    reference = summary_of(storage, "calm")
+    assert table(summary) == table(reference)
+    assert summary["selected"]["trial_id"] == reference["selected"]["trial_id"]
+    assert scores(summary["replicates"]["summary"]) == scores(reference["replicates"]["summary"])
+
+
+# ----- the driver killed, resumed from another process -------------------------------------------------------------
+def test_a_killed_driver_on_two_nodes_resumes_to_exactly_n_trials_and_k_replicates(two_nodes, tmp_path):
+    two_nodes.ensure_worker_node()
+    storage, uri = tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["erm", "--smoke", "--trials", "4", "--replicates", "2", "--executor", "function", "--name", "driver",
+            "--storage", str(storage), "--tracking-uri", uri]
+    first = two_nodes.sweep(*args, cwd=tmp_path)
+    try:
+        wait_for("a finished search trial, or the sweep's end",
+                 lambda: first.poll() is not None or any(r.info.status == "FINISHED" for r in runs_of(uri, "search", "driver")),
+                 timeout=600)
+        assert first.poll() is None, "the sweep finished before its driver could be killed"
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # the driver and whatever it started locally
+        first.communicate(timeout=60)
+    finished_before = {r.data.tags["trial_id"] for r in runs_of(uri, "search", "driver") if r.info.status == "FINISHED"}
+
+    resumed = two_nodes.sweep(*args, "--resume", cwd=tmp_path)
+    finish(resumed, "the resumed sweep")
+    summary = summary_of(storage, "driver")
+    ids = [t["trial_id"] for t in summary["trials"]]
+    assert len(ids) == 4 and len(set(ids)) == 4 and all(t["status"] == "ok" for t in summary["trials"])
+    assert summary["replicates"]["ok"] == 2 and len(summary["replicates"]["runs"]) == 2
+    assert {t["node"] for t in summary["trials"]} <= {"head", WORKER}
+    search, replicates = runs_of(uri, "search", "driver"), runs_of(uri, "replicate", "driver")
+    assert sorted(r.data.tags["trial_id"] for r in search) == sorted(ids), "a trial was duplicated or lost in MLflow"
+    assert len(replicates) == 2 and len({r.data.tags["seed"] for r in replicates}) == 2
+    assert all(r.info.status == "FINISHED" for r in search + replicates)
+    for run in search:
+        steps = epochs_logged(uri, run.info.run_id)
+        assert steps == [0, 1] or run.data.tags["trial_id"] not in finished_before, steps
+
+
+# ----- one stage-cache entry for two trials on two nodes -----------------------------------------------------------
+def test_two_trials_on_two_nodes_train_their_shared_reference_model_once(two_nodes, tmp_path):
+    """JTT's reference ERM model depends only on T_r: with T_r fixed, two concurrent trials (one per node, each
+    node having one CPU) need the same one. One trains it, the other waits on the lock and loads it."""
+    two_nodes.ensure_worker_node()
+    storage, uri = tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db"
+    proc = two_nodes.sweep("jtt", "--dataset", "spuco-digits", "--smoke", "--trials", "2", "--replicates", "0",
+                           "--executor", "function", "--set", "reference_epochs=1", "--name", "shared",
+                           "--storage", str(storage), "--tracking-uri", uri, cwd=tmp_path)
+    finish(proc, "the JTT sweep")
+    trials = summary_of(storage, "shared")["trials"]
+    assert all(t["status"] == "ok" for t in trials) and len(trials) == 2
+    assert sorted(t["node"] for t in trials) == ["head", WORKER], "the two trials did not run on two nodes"
+    entries = [p for p in (storage / "stage_cache").iterdir() if p.is_dir()]
+    assert len(entries) == 1, entries
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("raybench")
+    stages = client.search_runs([experiment.experiment_id], "tags.`raybench.method_stage` = 'reference'")
+    assert sorted(r.data.tags["cached"] for r in stages) == ["False", "True"]
+    assert {r.data.params["stage_key"] for r in stages} == {entries[0].name}
