@@ -96,21 +96,22 @@ def processes_under(path: str) -> list:
 def stop_processes_under(path: str, grace: float = 10.0) -> None:
     """Stop every process whose command line names `path` (a private Ray temp dir): TERM, then KILL whatever
     is left after `grace` seconds. Never a host-wide `ray stop`, never a pattern match by pkill."""
+    procs = processes_under(path)
+    _, alive = signal_and_wait(procs, signal.SIGTERM, grace)
+    signal_and_wait(alive, signal.SIGKILL, 5)
+
+
+def signal_and_wait(procs: list, sig: int, timeout: float) -> tuple[list, list]:
+    """Send `sig` to each of these psutil processes (psutil checks the create time first, so a reused PID is
+    never signalled), then wait up to `timeout` seconds; returns (gone, alive)."""
     import psutil
 
-    procs = processes_under(path)
     for proc in procs:
         try:
-            proc.terminate()  # psutil checks the create time first, so a reused PID is never signalled
+            proc.send_signal(sig)
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    return psutil.wait_procs(procs, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, stop_processes_under
+from conftest import BIN, signal_and_wait, stop_processes_under
 from test_cluster import alive, free_port_base, port_is_free, port_plan, recorded, script
 
 pytestmark = pytest.mark.timeout(1500)
@@ -68,12 +68,7 @@ class TwoNodes:
     def kill_worker_node(self) -> list[int]:
         """SIGKILL the whole worker node at once, as a machine that loses power."""
         procs = self.worker_processes()
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        signal_and_wait(procs, signal.SIGKILL, 30)
         return [p.pid for p in procs]
 
     def ensure_worker_node(self) -> None:

@@ -132,3 +132,22 @@ def test_storage_without_file_locks_is_refused_before_ray(monkeypatch, capsys, t
     err = capsys.readouterr().err.strip()
     assert err.startswith("raybench: error: --storage: file locks (flock) fail in ") and "No locks available" in err
     assert "\n" not in err and not (tmp_path / "shared").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_custom_resource_no_node_offers_is_refused_naming_it(monkeypatch):
+    """Tune would wait forever for a worker that asks for `raybench_worker` on a cluster with no worker node."""
+    from raybench.sweep import ray_backend
+    from raybench.sweep.errors import ClusterError
+
+    head = {"Alive": True, "Resources": {"CPU": 2.0, "trial_driver": 8.0}}
+    worker = {"Alive": True, "Resources": {"CPU": 1.0, "raybench_worker": 1.0}}
+    wanted = ray_backend.Resources(custom=(("raybench_worker", 1.0),))
+    monkeypatch.setattr(ray_backend.ray, "nodes", lambda: [head])
+    with pytest.raises(ClusterError, match=r"1 CPU and 0 GPU and 1 raybench_worker, but the cluster's nodes have "
+                                           r"2 CPU/0 GPU/0 raybench_worker"):
+        ray_backend.check_resources(wanted, "function", autoscaling=False)
+    monkeypatch.setattr(ray_backend.ray, "nodes", lambda: [head, worker])
+    ray_backend.check_resources(wanted, "function", autoscaling=False)  # worker-1 can take it
+    monkeypatch.setattr(ray_backend.ray, "nodes", lambda: [head, {**worker, "Alive": False}])
+    with pytest.raises(ClusterError):  # a dead node offers nothing
+        ray_backend.check_resources(wanted, "function", autoscaling=False)
