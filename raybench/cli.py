@@ -295,6 +295,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from raybench.tracking import TrackingError, redact_uri
     from raybench.trainer import ConfigError
 
+    if args.address:
+        _probe_cluster(args.address)  # before prepare() writes the storage folder or the tracking store
     resume = resume_command(args.argv)
     options = SweepOptions(
         space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates, seed=args.seed,
@@ -476,8 +478,8 @@ def _save_comparison_plots(comparison: Any, plot: Path) -> list[Path]:
 
 
 # ----- raybench space ---------------------------------------------------------------------------
-def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(the parsed space, the space a sweep with these flags searches), every error one line."""
+def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(the parsed space, the space a sweep with these flags searches, the dataset), every error one line."""
     from raybench.data import load_dataset
     from raybench.sweep.runner import command_line_overrides, sweep_space
     from raybench.sweep.space import SpaceError, load_space
@@ -488,7 +490,9 @@ def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any]:
         dataset = load_dataset(args.dataset)
         overrides = command_line_overrides(getattr(args, "smoke", False), parse_assignments(getattr(args, "set", [])))
         TrainConfig.from_flat({"algorithm": space.algorithm, **overrides})
-        return space, sweep_space(space, dataset, overrides)
+        resolved = sweep_space(space, dataset, overrides)
+        resolved.fixed.update(overrides)  # shown as fixed, and in the budget, as the sweep would run them
+        return space, resolved, dataset
     except SpaceError as err:
         raise UsageError(str(err)) from None
     except UnknownNameError as err:
@@ -500,15 +504,15 @@ def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any]:
 def cmd_space_show(args: argparse.Namespace) -> int:
     from raybench.sweep.authoring import describe
 
-    space, resolved = _space_on_dataset(args)
-    print(describe(space, resolved))
+    space, resolved, dataset = _space_on_dataset(args)
+    print(describe(space, resolved, dataset))
     return 0
 
 
 def cmd_space_draw(args: argparse.Namespace) -> int:
     from raybench.sweep.authoring import draw, draws_text
 
-    _, resolved = _space_on_dataset(args)
+    _, resolved, _ = _space_on_dataset(args)
     print(draws_text(draw(resolved, args.trials, args.seed), args.format))
     return 0
 
@@ -553,7 +557,7 @@ def add_space_parser(sub: Any) -> None:
                                      "a sweep would draw")
     space = s.add_subparsers(dest="space_command", required=True, parser_class=_Parser)
     show = space.add_parser("show", help="the space on a dataset: every distribution and bound, the lr centre r, "
-                                         "fixed and derived values")
+                                         "fixed and derived values, and a trial's budget at each unlabeled ratio")
     draw = space.add_parser("draw", help="the exact configs `raybench sweep` with the same flags runs, in order, "
                                          "without training (random sampler)")
     for p in (show, draw):
@@ -561,8 +565,9 @@ def add_space_parser(sub: Any) -> None:
         p.add_argument("--dataset", default="digits-shift")
     draw.add_argument("--trials", type=positive_int, default=10)
     draw.add_argument("--seed", type=non_negative_int, default=0, help="the search's seed, as `raybench sweep --seed`")
-    draw.add_argument("--smoke", action="store_true", help="as `raybench sweep --smoke` (its fixed settings)")
-    draw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as `raybench sweep --set`")
+    for p in (show, draw):  # a sweep's own flags, so both show what that sweep would run (and its budget)
+        p.add_argument("--smoke", action="store_true", help="as `raybench sweep --smoke` (its fixed settings)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as `raybench sweep --set`")
     draw.add_argument("--format", choices=["table", "json"], default="table")
     show.set_defaults(run=cmd_space_show)
     draw.set_defaults(run=cmd_space_draw)

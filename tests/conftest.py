@@ -16,6 +16,8 @@ from raybench.models import ModelSpec, build_model
 from raybench.data.augment import ImageViews
 from raybench import metrics
 
+from clusters import LocalHead
+
 N_CLASSES = 4
 SPLIT_DOMAINS = {
     "train": [0, 1, 2], "id_val": [0, 1, 2], "id_test": [0, 1, 2], "val": [3], "test": [4],
@@ -60,6 +62,15 @@ def make_tiny_dataset(n_train: int = 128, n_eval: int = 48, n_unlabeled: int = 1
 @pytest.fixture(scope="session")
 def tiny_dataset() -> ShiftDataset:
     return make_tiny_dataset()
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """Put torch's intra-op thread count back after every test: a test that pins it to one thread would
+    otherwise leave every later test on one thread, and results would depend on test order."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 # ----- processes the tests start: private temp dirs, stopped by their own paths ------------------------
@@ -114,6 +125,16 @@ def signal_and_wait(procs: list, sig: int, timeout: float) -> tuple[list, list]:
     return psutil.wait_procs(procs, timeout=timeout)
 
 
+def require_system_package(available: bool, reason: str, require_variable: str) -> None:
+    """Skip a test whose Debian package is missing, unless `require_variable`=1 says it must be there (CI sets
+    every one, so a missing install step fails there instead of silently skipping)."""
+    if available:
+        return
+    if os.environ.get(require_variable) == "1":
+        pytest.fail(f"{reason} ({require_variable}=1)")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("raybench-data")
@@ -132,9 +153,54 @@ def sweep_env(shared_data_dir, tmp_path):
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory, shared_data_dir) -> LocalHead:
+    """The session's one Ray head (cluster/local-up.sh: 2 CPUs, its own port block, a private token), started
+    by the first test that asks for it. Sweeps whose subject is not Ray's own start-up or teardown join it with
+    `--address` instead of each starting a private Ray. Its workers inherit this environment, so the data dir
+    is the session's shared one."""
+    base = {**os.environ, "RAYBENCH_DATA_DIR": str(shared_data_dir), "HF_HUB_OFFLINE": "1",
+            "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1",
+            "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+    base.pop("MLFLOW_TRACKING_URI", None)
+    head = LocalHead.start(tmp_path_factory.mktemp("ray-head"), base)
+    temp_dirs = head.temp_dirs()
+    yield head
+    down = head.stop()
+    for temp in temp_dirs:  # only if local-down could not
+        stop_processes_under(temp)
+    assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture
+def head_env(ray_head) -> dict:
+    """Environment for a `raybench` subprocess that joins the session's head (its token and ports)."""
+    return dict(ray_head.env)
+
+
+def on_head(args: list[str], head: LocalHead) -> list[str]:
+    """A `raybench sweep` command line that joins the session's head instead of starting its own Ray."""
+    return [*args, "--address", head.address]
+
+
 def run_cli(args: list[str], env: dict, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "raybench"), *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def cli(args: list[str], capsys) -> subprocess.CompletedProcess:
+    """`raybench ARGS` run in this process through the CLI's own main(), its output captured: the commands that
+    only read (results, compare, space, probe) need no fresh interpreter importing torch and Ray for each call.
+    The console script itself is exercised by every sweep the tests start with run_cli."""
+    from raybench.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argparse refusing a flag
+        code = exit_.code if isinstance(exit_.code, int) else 2
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["raybench", *args], code, out, err)
 
 
 def make_tiny_group_dataset(seed: int = 0) -> ShiftDataset:

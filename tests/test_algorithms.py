@@ -13,7 +13,7 @@ from raybench.algorithms.coral import coral_penalty
 from raybench.algorithms.dann import GradientReversal
 from raybench.algorithms.fixmatch import FixMatch
 from raybench.algorithms.pseudolabel import PseudoLabel
-from raybench.data import Batch, ShiftDataset, Split
+from raybench.data import Batch, ShiftDataset
 from raybench.models import FeaturizerHead, ModelSpec, build_model
 from raybench.trainer import TrainConfig, Trainer
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import optuna
 from mlflow.tracking import MlflowClient
 
-from conftest import run_cli
+from conftest import on_head, run_cli
 from raybench.data import load_dataset
 from raybench.sweep.progress import StageProgress
 from raybench.sweep.results import STOPPED, select_best
@@ -74,7 +74,7 @@ def _first_draws(resolved, seed: int, n: int) -> list[float]:
     return [study.ask({k: optuna_distribution(p) for k, p in resolved.search.items()}).params["lr"] for _ in range(n)]
 
 
-def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_epochs(tmp_path, sweep_env,
+def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_epochs(tmp_path, ray_head,
                                                                                       shared_data_dir):
     space = tmp_path / "lr3.yaml"
     values = ", ".join(f"{lr:.1e}" for lr in (GOOD_LR, *BAD_LRS))  # 3.0e-03: PyYAML reads 1e-07 as a string
@@ -83,10 +83,11 @@ def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_ep
     seed = next(s for s in range(200) if _first_draws(resolved, s, 3)[0] == GOOD_LR
                 and len(set(_first_draws(resolved, s, 3))) == 3)  # the good config first: it sets the rungs' bar
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    proc = run_cli(["sweep", str(space), "--seed", str(seed), "--trials", "3", "--replicates", "1", "--name", "asha",
+    proc = run_cli(on_head(["sweep", str(space), "--seed", str(seed), "--trials", "3", "--replicates", "1", "--name", "asha",
                     "--max-concurrent", "1", "--scheduler", "asha", "--grace-period", "1", "--reduction-factor", "2",
+                    "--executor", "function",  # ASHA is the subject here, not Ray Train
                     "--set", f"epochs={EPOCHS}", "--set", "max_steps_per_epoch=12",
-                    "--storage", str(tmp_path / "runs"), "--tracking-uri", uri], sweep_env, tmp_path)
+                    "--storage", str(tmp_path / "runs"), "--tracking-uri", uri], ray_head), ray_head.env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "runs" / "asha" / "results" / "summary.json").read_text())
     by_lr = {t["sampled"]["lr"]: t for t in summary["trials"]}

@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 from raybench.sweep.benchmark import Pair, sweep_command, BenchmarkOptions
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.tracking import PARENT_TAG
-from tests.conftest import BIN, REPO, processes_under, run_cli
+from conftest import BIN, REPO, cli, processes_under, run_cli
 
 GRIDS = REPO / "benchmarks" / "grids"
 SMOKE = {"selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function", "smoke": True}
@@ -123,7 +123,9 @@ def test_the_cli_refuses_a_bad_file_with_exit_2_before_any_cluster_work(tmp_path
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
 
-def test_the_running_trials_never_exceed_the_benchmarks_cap(tmp_path):
+def test_the_sweeps_shares_of_the_cap_add_up_to_at_most_the_cap_and_reach_each_sweep_command(tmp_path):
+    """The static split's arithmetic and its hand-over to each sweep's command line; it does not observe
+    running trials (on a 2-CPU machine Ray's CPU accounting alone keeps them at 2 or fewer)."""
     body = {"name": "b", **SMOKE, "max_concurrent_trials": 5, "sweeps_at_once": 2,
             "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral", "dann"]}]}
     benchmark = load_benchmark(str(write_yaml(tmp_path / "bench.yaml", body)))
@@ -135,7 +137,7 @@ def test_the_running_trials_never_exceed_the_benchmarks_cap(tmp_path):
 
 
 # ----- end to end -------------------------------------------------------------------------------------
-def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_their_comparison(tmp_path, sweep_env):
+def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_their_comparison(tmp_path, sweep_env, capsys):
     body = {"name": "grid", "description": "2 x 2 smoke", **SMOKE, "max_concurrent_trials": 2,
             "grid": [{"datasets": ["digits-shift", "spuco-digits"], "spaces": ["erm", str(broken_erm_space(tmp_path))]}]}
     path = write_yaml(tmp_path / "bench.yaml", body)
@@ -166,8 +168,7 @@ def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_t
     rows = json.loads((tmp_path / "runs" / "grid" / "compare" / "compare.json").read_text())["rows"]
     assert len(rows) == 3
     for row in rows:  # each row is that sweep's own `raybench results`
-        own = json.loads(run_cli(["results", row["sweep"], "--format", "json", "--tracking-uri", uri], sweep_env,
-                                 tmp_path).stdout)["replicates"]["summary"]
+        own = json.loads(cli(["results", row["sweep"], "--format", "json", "--tracking-uri", uri], capsys).stdout)["replicates"]["summary"]
         cells = [key.removesuffix(".mean") for key in row if key.endswith(".mean")]
         assert cells and all(row[f"{c}.mean"] == own[f"best/{c}"]["mean"] for c in cells)
 

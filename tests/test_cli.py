@@ -36,7 +36,7 @@ def private_data_dir(tmp_path_factory, monkeypatch):
         (["train", "--set", "selection_metric=val/auc"], "--set selection_metric: expected one of"),
         (["train", "--epochs", "2", "--set", "epochs=3"], "--set epochs: use the --epochs flag instead"),
         (["train", "--set", "scheduler=cyclic"],
-         "--set scheduler: expected one of step, linear, cosine, got 'cyclic'"),
+         "--set scheduler: expected one of step, linear, cosine, fixmatch, constant, got 'cyclic'"),
         (["list", "things"], "invalid choice: 'things'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],

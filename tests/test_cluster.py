@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import secrets
-import socket
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -21,9 +19,11 @@ import ray.autoscaler
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, REPO, processes_under, run_cli
-
-CLUSTER = REPO / "cluster"
+from clusters import (
+    BLOCK, CLUSTER, PORT_VARS, RAY_DEFAULT_PORTS, alive, answers, cluster_env, free_port_base, listening_ports,
+    port_plan, recorded, script,
+)
+from conftest import BIN, REPO, cli, processes_under
 
 
 def test_launcher_yaml_validates_against_the_autoscaler_schema():
@@ -44,7 +44,7 @@ def test_launcher_yaml_schema_rejects_a_typo():
         jsonschema.validate(config, schema)
 
 
-def test_rayjob_manifest_parses_and_runs_a_sweep():
+def test_rayjob_manifest_parses_and_asks_for_a_gpu_sweep_on_its_own_cluster():
     job = yaml.safe_load((CLUSTER / "rayjob.yaml").read_text())
     assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
     assert job["spec"]["entrypoint"].startswith("raybench sweep ") and "--address auto" in job["spec"]["entrypoint"]
@@ -67,88 +67,6 @@ def test_rayjob_dashboard_stays_inside_the_pod_network():
 
 
 # ----- the local head + MLflow server (cluster/local-up.sh, cluster/local-down.sh) ------------------------
-BLOCK = 200  # local-up.sh's port block: RAYBENCH_PORT_BASE .. +199
-PORT_VARS = ("RAYBENCH_PORT_BASE", "RAY_PORT", "DASHBOARD_PORT", "RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT",
-             "RAYBENCH_DASHBOARD_AGENT_GRPC_PORT", "RAYBENCH_RUNTIME_ENV_AGENT_PORT", "RAYBENCH_METRICS_EXPORT_PORT",
-             "RAYBENCH_NODE_MANAGER_PORT", "RAYBENCH_OBJECT_MANAGER_PORT", "RAYBENCH_CLIENT_SERVER_PORT",
-             "DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT", "MLFLOW_PORT", "RAYBENCH_MIN_WORKER_PORT",
-             "RAYBENCH_MAX_WORKER_PORT")
-RAY_DEFAULT_PORTS = {6379, 8265, 52365, 10001, 44217, 44227}
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))  # Ray's GCS and raylet bind every interface
-        except OSError:
-            return False
-    return True
-
-
-def free_port_base(avoid: tuple[int, ...] = ()) -> int:
-    """A base whose whole block is free: between Ray's default worker ports (10002-19999) and the ephemeral
-    range (32768+), so neither another Ray nor an outgoing connection takes one of its ports meanwhile."""
-    rng = random.Random()
-    for _ in range(100):
-        base = rng.randrange(20000, 32768 - BLOCK)
-        if all(abs(base - other) >= BLOCK for other in avoid) and all(map(port_is_free, range(base, base + BLOCK))):
-            return base
-    pytest.fail(f"no free block of {BLOCK} ports between 20000 and 32767")
-
-
-def cluster_env(sweep_env: dict, tmp_path: Path, name: str, base: int, **extra: str) -> dict:
-    token = tmp_path / "ray_auth_token"  # a private token: the tests never touch ~/.ray
-    if not token.exists():
-        token.write_text(secrets.token_hex(32))
-    env = {k: v for k, v in sweep_env.items() if k not in PORT_VARS and k != "RAY_TEMP_DIR"}
-    return {**env, "RAYBENCH_PORT_BASE": str(base), "RAYBENCH_CLUSTER_DIR": str(tmp_path / name),
-            "RAY_NUM_CPUS": "2", "RAYBENCH_BIN": str(BIN), "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": str(token), **extra}
-
-
-def script(name: str, env: dict, *args: str, timeout: float = 420) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CLUSTER / name), *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def port_plan(env: dict) -> dict[str, int]:
-    plan = script("local-up.sh", env, "--print-ports", timeout=30)
-    assert plan.returncode == 0, plan.stderr
-    return {name: int(port) for name, port in (line.split("=") for line in plan.stdout.split())}
-
-
-def recorded(state: Path) -> list[tuple[int, float]]:
-    return [(int(pid), float(created)) for pid, created in
-            (line.split() for line in (state / "ray.pids").read_text().splitlines())]
-
-
-def alive(pid: int, created: float) -> bool:
-    try:
-        return abs(psutil.Process(pid).create_time() - created) < 0.01
-    except psutil.NoSuchProcess:
-        return False
-
-
-def listening_ports(pids: list[int]) -> dict[int, set[int]]:
-    """TCP ports on which these processes or their descendants listen, by process."""
-    tree = set()
-    for pid in pids:
-        try:
-            tree |= {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
-        except psutil.NoSuchProcess:
-            pass
-    ports: dict[int, set[int]] = {}
-    for conn in psutil.net_connections("tcp"):
-        if conn.pid in tree and conn.status == psutil.CONN_LISTEN:
-            ports.setdefault(conn.pid, set()).add(conn.laddr.port)
-    return ports
-
-
-def answers(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
 
 def test_port_plan_derives_every_port_from_one_base_and_each_can_be_overridden(sweep_env, tmp_path):
     env = cluster_env(sweep_env, tmp_path, "plan", 30000)
@@ -330,7 +248,21 @@ def test_local_down_with_a_tampered_state_kills_and_deletes_nothing(kind, tmp_pa
         victim.wait()
 
 
-def test_job_submission_to_a_local_head_with_an_http_mlflow_server(tmp_path, sweep_env):
+def manifest_entrypoint_at_smoke_size(mlflow_uri: str, storage: Path) -> list[str]:
+    """cluster/rayjob.yaml's own entrypoint, with only what a CPU-only test host must change: the embedded
+    dataset for camelyon17, no GPUs, smoke size, and this test's storage and tracking server. Everything else
+    (the algorithm, `--address auto`, `--max-concurrent`) is submitted as the manifest writes it."""
+    words = shlex.split(yaml.safe_load((CLUSTER / "rayjob.yaml").read_text())["spec"]["entrypoint"])
+    overrides = {"--dataset": "digits-shift", "--trials": "2", "--replicates": "2", "--storage": str(storage),
+                 "--tracking-uri": mlflow_uri}
+    for flag, value in overrides.items():
+        words[words.index(flag) + 1] = value
+    at = words.index("--gpus-per-worker")
+    del words[at:at + 2]
+    return [*words, "--smoke", "--name", "job"]
+
+
+def test_job_submission_to_a_local_head_with_an_http_mlflow_server(tmp_path, sweep_env, capsys):
     ray_tmp = sweep_env["RAY_TMPDIR"]  # an empty folder given as RAY_TEMP_DIR is adopted (and marked)
     env = cluster_env(sweep_env, tmp_path, "cluster", free_port_base(), RAY_TEMP_DIR=ray_tmp)
     plan, state = port_plan(env), Path(env["RAYBENCH_CLUSTER_DIR"])
@@ -340,20 +272,19 @@ def test_job_submission_to_a_local_head_with_an_http_mlflow_server(tmp_path, swe
         pids = recorded(state)
         dashboard, mlflow_uri = f"http://127.0.0.1:{plan['DASHBOARD_PORT']}", f"http://127.0.0.1:{plan['MLFLOW_PORT']}"
         # No retries: local-up returns only once the job agent has run a job.
+        entrypoint = manifest_entrypoint_at_smoke_size(mlflow_uri, tmp_path / "runs")
         submit = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", str(REPO), "--",
-             "raybench", "sweep", "erm", "--smoke", "--address", "auto", "--name", "job",
-             "--tracking-uri", mlflow_uri, "--storage", str(tmp_path / "runs")],
+            [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", str(REPO), "--", *entrypoint],
             env=env, capture_output=True, text=True, timeout=600,
         )
         assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-3000:]
         client = MlflowClient(tracking_uri=mlflow_uri)
         experiment = client.get_experiment_by_name("raybench")
         parent = client.search_runs([experiment.experiment_id], "tags.stage = 'sweep'")[0]
-        assert parent.info.status == "FINISHED"
+        assert parent.info.status == "FINISHED" and parent.data.tags["algorithm"] == "dann"
         children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
         assert sorted(r.data.tags["stage"] for r in children) == ["replicate", "replicate", "search", "search"]
-        results = run_cli(["results", "job", "--format", "json", "--tracking-uri", mlflow_uri], env, tmp_path)
+        results = cli(["results", "job", "--format", "json", "--tracking-uri", mlflow_uri], capsys)
         assert results.returncode == 0 and json.loads(results.stdout)["name"] == "job"
     finally:
         down = script("local-down.sh", env, timeout=180)

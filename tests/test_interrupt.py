@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, run_cli, stop_processes_under
+from conftest import BIN, cli, run_cli, stop_processes_under
 from raybench.sweep.results import replicate_seeds
 
 NAME = "ctrlc"
@@ -20,6 +20,7 @@ WAIT_S = 420
 
 def _args(tmp_path: Path) -> list[str]:
     return ["sweep", "erm", "--trials", "2", "--replicates", "2", "--max-concurrent", "1", "--name", NAME,
+            "--executor", "function",  # the interrupt and the resume are the subject here, not Ray Train
             "--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
             "--set", "epochs=2", "--set", "max_steps_per_epoch=20", "--set", "patience=none"]
 
@@ -60,7 +61,7 @@ def _assert_interrupted(proc: subprocess.CompletedProcess, uri: str, stage: str)
     assert ("sweep", "KILLED") in statuses and not any(status == "RUNNING" for _, status in statuses), statuses
 
 
-def test_ctrl_c_in_search_then_in_replicates_then_resume(tmp_path, sweep_env):
+def test_ctrl_c_in_search_then_in_replicates_then_resume(tmp_path, sweep_env, capsys):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = _args(tmp_path)
 
@@ -69,7 +70,7 @@ def test_ctrl_c_in_search_then_in_replicates_then_resume(tmp_path, sweep_env):
     partial = json.loads((tmp_path / "runs" / NAME / "results" / "summary.json").read_text())
     assert partial["state"] == "interrupted during the search" and partial["selected"] is None
     assert not list((tmp_path / "runs").glob(f"{NAME}-replicate*")), "replicates ran after an interrupted search"
-    shown = run_cli(["results", NAME, "--tracking-uri", uri], sweep_env, tmp_path)
+    shown = cli(["results", NAME, "--tracking-uri", uri], capsys)
     assert "INTERRUPTED" in shown.stdout and "--resume" in shown.stdout
 
     replicate_cut = _interrupt_after(tmp_path, sweep_env, [*args, "--resume"], f"{NAME}-replicate-*")

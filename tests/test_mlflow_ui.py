@@ -15,10 +15,9 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, run_cli
+from conftest import REPO, on_head, require_system_package, run_cli
 from raybench.tracking import ui_link
 
 ARTIFACTS = REPO / "test-artifacts"
@@ -27,10 +26,8 @@ PAGE_BUDGET_MS = 20000  # Chromium's virtual time for the page's scripts and API
 
 def chromium_binary() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        if os.environ.get("RAYBENCH_REQUIRE_CHROMIUM") == "1":
-            pytest.fail("Debian's chromium is not installed (apt-get install chromium; .ci/run installs it)")
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    require_system_package(found is not None, "Debian's chromium is not installed (apt-get install chromium)",
+                           "RAYBENCH_REQUIRE_CHROMIUM")
     return found
 
 
@@ -55,11 +52,11 @@ def page_text(dom: str) -> str:
     return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)))
 
 
-def test_the_ui_opens_on_the_sweeps_runs_and_serves_its_plots(tmp_path, sweep_env, mlflow_server):
+def test_the_ui_opens_on_the_sweeps_runs_and_serves_its_plots(tmp_path, ray_head, mlflow_server):
     binary = chromium_binary()
-    done = run_cli(["sweep", "erm", "--smoke", "--trials", "2", "--replicates", "1", "--executor", "function",
-                    "--name", "ui-check", "--storage", str(tmp_path / "runs"), "--tracking-uri", mlflow_server],
-                   sweep_env, tmp_path)
+    done = run_cli(on_head(["sweep", "erm", "--smoke", "--trials", "2", "--replicates", "1", "--executor", "function",
+                            "--name", "ui-check", "--storage", str(tmp_path / "runs"), "--tracking-uri", mlflow_server],
+                           ray_head), ray_head.env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name("raybench")

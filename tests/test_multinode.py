@@ -23,8 +23,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, signal_and_wait, stop_processes_under
-from test_cluster import alive, free_port_base, port_is_free, port_plan, recorded, script
+from conftest import BIN, cli, signal_and_wait, stop_processes_under
+from clusters import alive, free_port_base, port_is_free, port_plan, recorded, script
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -246,7 +246,7 @@ def test_a_lost_worker_node_moves_its_trials_to_a_surviving_node_from_their_chec
 
 
 # ----- the driver killed, resumed from another process -------------------------------------------------------------
-def test_a_killed_driver_on_two_nodes_resumes_to_exactly_n_trials_and_k_replicates(two_nodes, tmp_path):
+def test_a_killed_driver_on_two_nodes_resumes_to_exactly_n_trials_and_k_replicates(two_nodes, tmp_path, capsys):
     two_nodes.ensure_worker_node()
     storage, uri = tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db"
     args = ["erm", "--smoke", "--trials", "4", "--replicates", "2", "--executor", "function", "--name", "driver",
@@ -262,6 +262,9 @@ def test_a_killed_driver_on_two_nodes_resumes_to_exactly_n_trials_and_k_replicat
             os.killpg(first.pid, signal.SIGKILL)  # the driver and whatever it started locally
         first.communicate(timeout=60)
     finished_before = {r.data.tags["trial_id"] for r in runs_of(uri, "search", "driver") if r.info.status == "FINISHED"}
+    shown = cli(["results", "driver", "--tracking-uri", uri], capsys)
+    assert "INTERRUPTED (its driver process is gone)" in shown.stderr + shown.stdout
+    assert "resume with: raybench sweep erm" in shown.stderr + shown.stdout and "--resume" in shown.stderr + shown.stdout
 
     resumed = two_nodes.sweep(*args, "--resume", cwd=tmp_path)
     finish(resumed, "the resumed sweep")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -90,10 +89,16 @@ def test_epochs_keep_compute_constant_across_ratios(k, epochs, digits):
     assert resolved.materialize({"unlabeled_ratio": k})["epochs"] == epochs == math.ceil(2 * 10 / (k + 1))
 
 
-def test_dataset_overrides_merge(digits):
-    top = load_space("dann")
+def test_dataset_overrides_merge(tmp_path, digits):
+    path = tmp_path / "s.yaml"
+    path.write_text(VALID.replace("  patience: 3\n", "  grad_accum: 4\n  patience: 3\n")
+                    + "datasets:\n  digits-shift:\n    fixed: {grad_accum: 2}\n    search:\n"
+                      "      penalty: {distribution: uniform, low: 0.5, high: 2}\n")
+    top = load_space(str(path))
     assert top.fixed["grad_accum"] == 4
-    assert top.for_dataset(digits).fixed["grad_accum"] == 1
+    merged = top.for_dataset(digits)
+    assert merged.fixed == {"grad_accum": 2, "patience": 3}  # the dataset's value replaces, the rest is kept
+    assert merged.search["penalty"].distribution == "uniform" and "classifier_lr" in merged.search
 
 
 def test_trial_id_is_a_content_hash():

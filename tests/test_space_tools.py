@@ -7,7 +7,7 @@ import json
 import optuna
 import pytest
 
-from conftest import run_cli
+from conftest import cli, run_cli
 from raybench.data import load_dataset
 from raybench.sweep.authoring import describe, draw
 from raybench.sweep.runner import sweep_space
@@ -64,18 +64,23 @@ def test_show_lists_every_distribution_with_the_bounds_a_sweep_samples(digits, s
     low, high = resolved.search["classifier_lr"].low, resolved.search["classifier_lr"].high
     assert f"log-uniform on [{low:.4g}, {high:.4g}]  (lr: r x 10^U(-1, 1))" in text
     assert "choice of 3, 7, 15" in text and "log-uniform on [0.1, 10]" in text
-    assert "dataset overrides: fixed grad_accum=1, patience=4" in text and "5 (k=3), 3 (k=7), 2 (k=15)" in text
+    assert "dataset overrides: fixed patience=4" in text and "5 (k=3), 3 (k=7), 2 (k=15)" in text
     grid = describe(load_space("erm"), sweep_space(load_space("erm"), spuco, {}))
     assert "choice of 0.01, 0.001, 0.0001" in grid and "lr centre" not in grid
 
 
-def test_the_cli_draws_and_refuses_bad_input_in_one_line(tmp_path, sweep_env, digits):
-    ok = run_cli(["space", "draw", "dann", "--trials", "3", "--seed", "2", "--format", "json"], sweep_env, tmp_path)
+def test_the_cli_draws_and_refuses_bad_input_in_one_line(tmp_path, sweep_env, digits, capsys):
+    ok = cli(["space", "draw", "dann", "--trials", "3", "--seed", "2", "--format", "json"], capsys)
     assert ok.returncode == 0, ok.stderr
     resolved = sweep_space(load_space("dann"), digits, {})
     assert [t["sampled"] for t in json.loads(ok.stdout)] == draw_configs(resolved.search, 3, 2)
-    shown = run_cli(["space", "show", "coral"], sweep_env, tmp_path)
+    shown = cli(["space", "show", "coral"], capsys)
     assert shown.returncode == 0 and "penalty" in shown.stdout
+    assert "budget per trial" in shown.stdout and "NOT the protocol's budget" not in shown.stdout
+    capped = cli(["space", "show", "fixmatch", "--set", "max_steps_per_epoch=150"], capsys).stdout
+    rows = [line.split() for line in capped.splitlines() if line.strip().startswith(("3 ", "7 ", "15 "))]
+    assert [(r[0], r[-1]) for r in rows] == [("3", "0.48"), ("7", "0.24"), ("15", "0.12")], capped
+    assert "NOT the protocol's budget" in capped and "  max_steps_per_epoch    '150'" in capped  # as --set gave it
     for args, expected in ((["space", "draw", "dann", "--set", "penalty=x"], "--set penalty: expected float"),
                            (["space", "show", "nope"], "nope.yaml: file: expected an existing YAML file"),
                            (["space", "draw", "erm", "--trials", "0"], "--trials")):

@@ -1,7 +1,6 @@
 """SpuCoMNIST (spuco-digits, spuco-fashion): spurious pixels, group sizes, noise, metrics, pools, caching."""
 from __future__ import annotations
 
-import os
 from itertools import combinations
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 from raybench.data import DATASETS, ShiftDataset, TaskKind, load_dataset
 from raybench.data import spuco
 from raybench.data.base import MIN_GROUP_EXAMPLES, warn_small_groups
+from conftest import require_system_package
 
 # Sizes the module docstring promises; written out so a change to the constants is noticed.
 DOCUMENTED_SIZES = {"train": 50_000, "val": 30_000, "test": 2_500}
@@ -274,11 +274,8 @@ def fashion_available() -> bool:
 
 def require_fashion() -> None:
     """Skip without the Debian files, unless RAYBENCH_REQUIRE_FASHION_MNIST=1 says they must be there."""
-    if not fashion_available():
-        reason = f"Fashion-MNIST not at {spuco.fashion_dir()}: `apt-get install dataset-fashion-mnist`"
-        if os.environ.get("RAYBENCH_REQUIRE_FASHION_MNIST") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require_system_package(fashion_available(), f"Fashion-MNIST not at {spuco.fashion_dir()}: "
+                           "`apt-get install dataset-fashion-mnist`", "RAYBENCH_REQUIRE_FASHION_MNIST")
 
 
 def test_spuco_fashion_uses_all_of_fashion_mnist_with_documented_groups(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """End to end on a real local Ray with a real MLflow store: a smoke sweep, failure isolation, results.
 
-Each sweep runs as the `raybench` command in a subprocess with its own Ray temp dir, exactly as a user
-runs it; the test then reads what it left in MLflow through MlflowClient.
+Each sweep runs as the `raybench` command in a subprocess that joins the session's Ray head, exactly as a user
+runs it on a cluster; the test then reads what it left in MLflow through MlflowClient.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import run_cli
+from conftest import cli, on_head, run_cli
 from raybench.data import load_dataset
 from raybench.sweep.space import load_space
 
@@ -24,25 +24,14 @@ SEED = 3
 
 
 @pytest.fixture(scope="module")
-def smoke_sweep(tmp_path_factory, shared_data_dir):
-    """One smoke sweep of DANN through the Ray Train executor (2 trials x 4 steps x 2 epochs, 2 replicates)."""
-    import os
-    import shutil
-    import tempfile
-
-    from conftest import BIN, stop_processes_under
-
+def smoke_sweep(tmp_path_factory, ray_head):
+    """One smoke sweep of DANN through the Ray Train executor (2 trials x 4 steps x 2 epochs, 2 replicates), on
+    the session's Ray head as a sweep on a cluster runs."""
     workdir = tmp_path_factory.mktemp("sweep")
-    ray_tmp = tempfile.mkdtemp(prefix="rbt-smoke-", dir="/tmp")
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAYBENCH_DATA_DIR": str(shared_data_dir), "PYTHONUNBUFFERED": "1",
-           "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env = dict(ray_head.env)
     uri = f"sqlite:///{workdir}/mlflow.db"
-    try:
-        proc = run_cli(["sweep", "dann", "--smoke", "--seed", str(SEED), "--name", "smoke", "--storage", str(workdir / "runs"),
-                        "--tracking-uri", uri], env, workdir)
-    finally:
-        stop_processes_under(ray_tmp)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    proc = run_cli(on_head(["sweep", "dann", "--smoke", "--seed", str(SEED), "--name", "smoke", "--storage",
+                            str(workdir / "runs"), "--tracking-uri", uri], ray_head), env, workdir)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((workdir / "runs" / "smoke" / "results" / "summary.json").read_text())
     return {"dir": workdir, "uri": uri, "stdout": proc.stdout, "summary": summary, "env": env}
@@ -66,9 +55,8 @@ def test_same_seed_gives_the_same_configs(smoke_sweep, shared_data_dir):
         assert trial["sampled"] == pytest.approx(params)
 
 
-def test_space_draw_shows_exactly_the_configs_the_sweep_ran(smoke_sweep):
-    drawn = run_cli(["space", "draw", "dann", "--smoke", "--seed", str(SEED), "--trials", "2", "--format", "json"],
-                    smoke_sweep["env"], smoke_sweep["dir"])
+def test_space_draw_shows_exactly_the_configs_the_sweep_ran(smoke_sweep, capsys):
+    drawn = cli(["space", "draw", "dann", "--smoke", "--seed", str(SEED), "--trials", "2", "--format", "json"], capsys)
     assert drawn.returncode == 0, drawn.stderr
     ran = sorted(smoke_sweep["summary"]["trials"], key=lambda t: t["order"])
     assert [t["sampled"] for t in json.loads(drawn.stdout)] == [t["sampled"] for t in ran]  # exactly, not approx
@@ -127,21 +115,21 @@ def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
     assert f"Selected trial `{smoke_sweep['summary']['selected']['trial_id']}`" in description
 
 
-def test_results_command_reads_the_sweep_back(smoke_sweep):
-    workdir, env, uri = smoke_sweep["dir"], smoke_sweep["env"], smoke_sweep["uri"]
-    as_json = run_cli(["results", "smoke", "--format", "json", "--tracking-uri", uri], env, workdir)
+def test_results_command_reads_the_sweep_back(smoke_sweep, capsys):
+    workdir, uri = smoke_sweep["dir"], smoke_sweep["uri"]
+    as_json = cli(["results", "smoke", "--format", "json", "--tracking-uri", uri], capsys)
     assert as_json.returncode == 0, as_json.stderr
     data = json.loads(as_json.stdout)
     assert data["selected"]["trial_id"] == smoke_sweep["summary"]["selected"]["trial_id"]
     assert set(data) >= {"name", "dataset", "algorithm", "selection", "trials", "selected", "replicates"}
-    table = run_cli(["results", "smoke", "--tracking-uri", uri], env, workdir)
+    table = cli(["results", "smoke", "--tracking-uri", uri], capsys)
     assert "OOD test" in table.stdout and "ID test" in table.stdout and data["selected"]["trial_id"] in table.stdout
-    csv = run_cli(["results", "smoke", "--format", "csv", "--tracking-uri", uri], env, workdir)
+    csv = cli(["results", "smoke", "--format", "csv", "--tracking-uri", uri], capsys)
     assert csv.stdout.splitlines()[0].startswith("trial_id,status,selection_value") and len(csv.stdout.splitlines()) == 3
-    figures = run_cli(["results", "smoke", "--plots", str(workdir / "figures"), "--tracking-uri", uri], env, workdir)
+    figures = cli(["results", "smoke", "--plots", str(workdir / "figures"), "--tracking-uri", uri], capsys)
     assert figures.returncode == 0, figures.stderr
     assert sorted(p.name for p in (workdir / "figures").iterdir()) == ["curves.png", "id_vs_ood.png", "search.png"]
-    missing = run_cli(["results", "nope", "--tracking-uri", uri], env, workdir)
+    missing = cli(["results", "nope", "--tracking-uri", uri], capsys)
     assert missing.returncode == 2 and "no sweep named 'nope'" in missing.stderr
 
 
@@ -155,7 +143,7 @@ def test_every_run_reports_its_timing_and_its_parts_add_up(smoke_sweep):
         assert parts == pytest.approx(m["time/wall_s"], abs=0.5)
 
 
-def test_compute_totals_are_the_sums_over_runs_in_the_summary_mlflow_and_results(smoke_sweep):
+def test_compute_totals_are_the_sums_over_runs_in_the_summary_mlflow_and_results(smoke_sweep, capsys):
     summary, client = smoke_sweep["summary"], MlflowClient(tracking_uri=smoke_sweep["uri"])
     stages = {"search": summary["trials"], "replicates": summary["replicates"]["runs"]}
     experiment = client.get_experiment_by_name("raybench")
@@ -168,7 +156,7 @@ def test_compute_totals_are_the_sums_over_runs_in_the_summary_mlflow_and_results
             assert parent.data.metrics[f"compute/{stage}/{name}"] == pytest.approx(totals[name])
     children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert all(run.data.metrics["time/wall_s"] > run.data.metrics["time/trial_s"] for run in children)
-    shown = run_cli(["results", "smoke", "--tracking-uri", smoke_sweep["uri"]], smoke_sweep["env"], smoke_sweep["dir"])
+    shown = cli(["results", "smoke", "--tracking-uri", smoke_sweep["uri"]], capsys)
     assert "Compute: search 2 runs" in shown.stdout and "replicates 2 runs" in shown.stdout
 
 
@@ -186,7 +174,7 @@ def test_the_console_shows_one_progress_line_per_run_and_none_of_tunes_boxes(smo
     assert "wall time" in stdout and "Compute: search 2 runs" in stdout
 
 
-def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_path, sweep_env):
+def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_path, ray_head, capsys):
     """A second smoke sweep (ERM, function trials) beside the DANN one, in a copy of its store; `compare` must
     give each sweep's own `results` numbers in every format, and draw the figure."""
     import shutil
@@ -197,14 +185,13 @@ def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_
 
     shutil.copy(smoke_sweep["dir"] / "mlflow.db", tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    second = run_cli(["sweep", "erm", "--smoke", "--executor", "function", "--name", "smoke-erm", "--storage",
-                      str(tmp_path / "runs"), "--tracking-uri", uri], sweep_env, tmp_path)
+    second = run_cli(on_head(["sweep", "erm", "--smoke", "--executor", "function", "--name", "smoke-erm", "--storage",
+                              str(tmp_path / "runs"), "--tracking-uri", uri], ray_head), ray_head.env, tmp_path)
     assert second.returncode == 0, second.stderr[-4000:]
-    own = {name: json.loads(run_cli(["results", name, "--format", "json", "--tracking-uri", uri], sweep_env,
-                                    tmp_path).stdout)["replicates"]["summary"] for name in ("smoke", "smoke-erm")}
+    own = {name: json.loads(cli(["results", name, "--format", "json", "--tracking-uri", uri], capsys).stdout)["replicates"]["summary"] for name in ("smoke", "smoke-erm")}
 
     def compared(fmt_name: str, *extra: str) -> str:
-        proc = run_cli(["compare", "--format", fmt_name, "--tracking-uri", uri, *extra], sweep_env, tmp_path)
+        proc = cli(["compare", "--format", fmt_name, "--tracking-uri", uri, *extra], capsys)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
@@ -229,19 +216,19 @@ def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_
     assert [r["sweep"] for r in json.loads(compared("json", "--algorithms", "erm"))["rows"]] == ["smoke-erm"]
     compared("table", "--plot", str(tmp_path / "figures" / "compare.png"))
     assert (tmp_path / "figures" / "compare.png").stat().st_size > 10_000
-    missing = run_cli(["compare", "--sweeps", "nope", "--tracking-uri", uri], sweep_env, tmp_path)
+    missing = cli(["compare", "--sweeps", "nope", "--tracking-uri", uri], capsys)
     assert missing.returncode == 2 and missing.stderr.strip() == "raybench: error: compare: no sweep named 'nope' in the tracking store"
 
 
-def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(tmp_path, sweep_env, shared_data_dir):
+def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_head, shared_data_dir):
     space = tmp_path / "diverge.yaml"
     space.write_text("algorithm: erm\nsearch:\n  lr: {distribution: choice, values: [0.001, 1.0e+20]}\n")
     resolved = load_space(str(space)).for_dataset(load_dataset("digits-shift", shared_data_dir))
     seed = next(s for s in range(100) if {p["lr"] for p in _replay(resolved, s, 2)} == {0.001, 1e20})
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    proc = run_cli(["sweep", str(space), "--smoke", "--seed", str(seed), "--replicates", "1", "--name", "nan",
-                    "--workers-per-trial", "2",  # DDP under Ray Train: all ranks must stop together
-                    "--storage", str(tmp_path / "runs"), "--tracking-uri", uri], sweep_env, tmp_path)
+    proc = run_cli(on_head(["sweep", str(space), "--smoke", "--seed", str(seed), "--replicates", "1", "--name", "nan",
+                            "--workers-per-trial", "2",  # DDP under Ray Train: all ranks must stop together
+                            "--storage", str(tmp_path / "runs"), "--tracking-uri", uri], ray_head), ray_head.env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "runs" / "nan" / "results" / "summary.json").read_text())
     by_lr = {t["sampled"]["lr"]: t for t in summary["trials"]}

@@ -1,7 +1,6 @@
 """The one training loop: selection, accumulation, divergence, determinism, resume, early stopping."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

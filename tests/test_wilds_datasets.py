@@ -257,6 +257,22 @@ def test_unlabeled_methods_train_on_every_task(name, algorithm, wilds_env):
     assert math.isfinite(result.final_metrics[f"val/{SPECS[name].selection}"])
 
 
+# The pre-training methods WILDS 2.0 ran on these two (App. C), as one short stage each; what a sweep adds (one
+# shared pre-training, its nested run) is tested on the embedded data in test_ssl_sweeps.py.
+@pytest.mark.parametrize("name, algorithm, settings", [
+    ("camelyon17", "swav", {"pretrain_epochs": 1, "pretrain_batch_size": 8, "batch_size": 8, "model": "lenet"}),
+    ("civilcomments", "mlm", {"pretrain_epochs": 1, "pretrain_steps": 2, "pretrain_batch_size": 4,
+                              "pretrain_grad_accum": 1}),
+])
+def test_pretraining_methods_pretrain_then_fine_tune_on_their_wilds_datasets(name, algorithm, settings, wilds_env,
+                                                                            tmp_path):
+    config = quick_config(name, algorithm, stage_cache=str(tmp_path / "stages"), **settings)
+    result = Trainer(config).fit()
+    assert math.isfinite(result.final_metrics["train/loss/total"])
+    assert math.isfinite(result.final_metrics[f"val/{SPECS[name].selection}"])
+    assert len([p for p in (tmp_path / "stages").iterdir() if p.is_dir()]) == 1, "no pre-training stage was trained"
+
+
 def test_an_unlabeled_method_without_unlabeled_data_says_why(wilds_env, tmp_path, monkeypatch):
     root = write_all(tmp_path / "wilds")
     shutil.rmtree(root / "civilcomments_unlabeled_v1.0")

@@ -209,6 +209,16 @@ class Algorithm(nn.Module, ABC):
     # ceil(factor x E / (k + 1)) (WILDS 2.0 App. D), which `raybench space new` writes. Noisy Student's is 1 per
     # teacher-student iteration, as its shipped space has it.
     ratio_epochs_factor: ClassVar[float] = 2.0
+    # The learning-rate schedule (a name in raybench.trainer.optim.SCHEDULES) this method trains with when neither
+    # the config nor the dataset sets one; None: constant. The authors' code gives Pseudo-Label, FixMatch and Noisy
+    # Student 'scheduler': 'FixMatchLR' (p-lambda/wilds examples/configs/algorithm.py lines 57, 68, 78), applied by
+    # populate_defaults (examples/configs/utils.py lines 89-93) after the dataset's defaults (lines 77-80), and
+    # populate_config fills only a key that is unset or None (lines 151-153): a dataset's own scheduler wins (fmow,
+    # poverty: StepLR), a dataset's None does not (camelyon17, iwildcam, globalwheat). The model's defaults come
+    # later (utils.py lines 100-104), so DistilBERT's linear schedule (examples/configs/model.py line 10) does not
+    # replace it on civilcomments and amazon there. The paper's text names no schedule for these methods; the code
+    # is followed.
+    default_scheduler: ClassVar[Optional[str]] = None
 
     @classmethod
     def requirements(cls, hparams: Hparams) -> frozenset[str]:
@@ -255,10 +265,15 @@ class Algorithm(nn.Module, ABC):
         an epoch as one pass over the unlabeled split, draws no labeled batch and keeps the final weights."""
         return False
 
+    @classmethod
+    def rounds_for(cls, hparams: Hparams) -> int:
+        """How many train-from-scratch rounds the trainer runs at these settings (Noisy Student's teacher-student
+        iterations); a class method, so a run's budget is known before anything is built."""
+        return 1
+
     @property
     def rounds(self) -> int:
-        """How many train-from-scratch rounds the trainer runs (Noisy Student's teacher-student iterations)."""
-        return 1
+        return self.rounds_for(self.hparams)
 
     def begin_round(self, context: RoundContext) -> dict[str, str]:
         """Called before each round; returns facts worth logging (e.g. where the teacher came from)."""

@@ -34,6 +34,9 @@ class FixMatch(Algorithm):
     uses_unlabeled = True
     supported_tasks = frozenset({TaskKind.CLASSIFICATION})
     requires = frozenset({"strong_augmentation"})
+    # The FixMatch lr decay where the dataset sets no schedule: p-lambda/wilds examples/configs/algorithm.py
+    # line 57 ('scheduler': 'FixMatchLR'); the paper's text names none, the code is followed (base.py explains).
+    default_scheduler = "fixmatch"
 
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         assert unlabeled is not None, "FixMatch needs an unlabeled batch"

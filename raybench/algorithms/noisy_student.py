@@ -10,7 +10,7 @@ from torch import nn
 from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext, StepOutput
 from raybench.algorithms.registry import register
 from raybench.algorithms.pseudo_targets import hard_targets
-from raybench.data.base import Batch, TaskKind, move_to
+from raybench.data.base import Batch, TaskKind, concat_inputs, move_to
 from raybench.models.base import FeaturizerHead
 from raybench.settings import AT_LEAST_ONE, PROBABILITY, setting
 
@@ -39,8 +39,17 @@ class NoisyStudent(Algorithm):
     labels); a freshly initialised student f -> Dropout(0.5) -> g minimises
         L(h(A_strong(x_l)), y_l) + L(h(A_strong(x_u)), teacher(x_u)),
     L the task's loss (CE; masked BCE on 1[p > 0.5] for multi-label; MSE on the teacher's value for
-    regression; the detector's own losses on its boxes scoring >= 0.5, see pseudo_targets.py), labeled and
-    unlabeled batches in separate forward passes (separate batch norm). The best student
+    regression; the detector's own losses on its boxes scoring >= 0.5, see pseudo_targets.py), each loss the
+    mean over its own rows, weighted 1 and 1 (the paper: lambda(t) = 1). Labeled and unlabeled inputs share one
+    forward pass, so batch norm sees both, and the outputs are split back by rows, as the authors' code does
+    (p-lambda/wilds examples/algorithms/noisy_student.py lines 126-130: concat_input, one get_model_output,
+    y_pred = outputs[:n_lab], unlabeled_y_pred = outputs[n_lab:]; lines 137-158: the labeled loss on the labeled
+    rows plus the unlabeled loss, the same loss for hard pseudo-labels, examples/algorithms/initializer.py lines
+    116-119, unweighted). Detection is the exception: a detector's `fit_loss` takes one batch with its targets and
+    returns that batch's averaged losses, which cannot be split by rows, so its labeled and unlabeled images stay
+    in two calls (a deviation forced by the detector API; the authors' detector takes the joint batch with its
+    targets, lines 126-128; here the backbone's batch norms are frozen, raybench/models/detection.py, so the
+    joint pass's point, shared batch statistics, does not arise). The best student
     becomes the next round's teacher; the trial is selected among the last round's students only. The
     first teacher is read from `teacher_checkpoint`, or, when none is given, is the paper's: the best
     epoch of a full ERM run with strong augmentation (plain ERM where the data has none) at the dataset's
@@ -53,6 +62,10 @@ class NoisyStudent(Algorithm):
     supported_tasks = frozenset(TaskKind)  # hard targets per task: raybench.algorithms.pseudo_targets
     ratio_epochs_factor = 1.0  # its search space's epochs rule: ceil(E / (k + 1)) per iteration
     stages = (TEACHER_STAGE, "train")  # "teacher" only when no teacher_checkpoint is given
+    # The FixMatch lr decay where the dataset sets no schedule, over each round's own optimiser steps (a WILDS run
+    # is one iteration): p-lambda/wilds examples/configs/algorithm.py line 78 ('scheduler': 'FixMatchLR'); the
+    # paper's text names none, the code is followed (base.py explains).
+    default_scheduler = "fixmatch"
 
     def __init__(self, model: FeaturizerHead, hparams: NoisyStudentHparams, context: AlgorithmContext) -> None:
         super().__init__(model, hparams, context)
@@ -68,9 +81,9 @@ class NoisyStudent(Algorithm):
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.pseudo_labels = state["pseudo_labels"]
 
-    @property
-    def rounds(self) -> int:
-        return self.hparams.iterations
+    @classmethod
+    def rounds_for(cls, hparams: NoisyStudentHparams) -> int:  # type: ignore[override]
+        return hparams.iterations
 
     @classmethod
     def model_files(cls, hparams: NoisyStudentHparams) -> dict[str, str]:
@@ -113,8 +126,16 @@ class NoisyStudent(Algorithm):
 
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         assert unlabeled is not None, "Noisy Student needs an unlabeled batch"
-        supervised = self.model.fit_loss(self.view(labeled.x, self.hparams.augment), labeled.y, self.supervised_loss)
+        labeled_x = self.view(labeled.x, self.hparams.augment)
+        unlabeled_x = self.view(unlabeled.x, self.hparams.augment)
         targets = move_to(self.pseudo_labels[unlabeled.index], unlabeled.domain.device)
-        unsupervised = self.model.fit_loss(self.view(unlabeled.x, self.hparams.augment), targets, self.supervised_loss)
+        if self.context.task.kind is TaskKind.DETECTION:  # the detector's own losses, one call per batch (see above)
+            supervised = self.model.fit_loss(labeled_x, labeled.y, self.supervised_loss)
+            unsupervised = self.model.fit_loss(unlabeled_x, targets, self.supervised_loss)
+        else:  # one joint forward pass (joint batch norm), split by rows: the authors' lines 126-130
+            outputs = self.model(concat_inputs(labeled_x, unlabeled_x))
+            n = len(labeled)
+            supervised = self.supervised_loss(outputs[:n], labeled.y)
+            unsupervised = self.supervised_loss(outputs[n:], targets)
         loss = supervised + unsupervised
         return StepOutput(loss, {"loss/supervised": supervised.detach(), "loss/pseudo": unsupervised.detach()})

@@ -41,6 +41,9 @@ class PseudoLabel(Algorithm):
     uses_unlabeled = True
     # Not regression: a prediction has no confidence to threshold (the paper skips PovertyMap).
     supported_tasks = frozenset({TaskKind.CLASSIFICATION, TaskKind.MULTILABEL, TaskKind.DETECTION})
+    # The FixMatch lr decay where the dataset sets no schedule: p-lambda/wilds examples/configs/algorithm.py
+    # line 68 ('scheduler': 'FixMatchLR'); the paper's text names none, the code is followed (base.py explains).
+    default_scheduler = "fixmatch"
 
     def unlabeled_weight(self, step: int) -> float:
         ramp_steps = self.hparams.ramp_fraction * self.context.total_steps

@@ -20,11 +20,14 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
-from raybench.sweep.results import fmt, split_labels
+from raybench.sweep.results import BudgetSummary, fmt, split_labels
 
 FORMATS = ("table", "csv", "json", "markdown", "latex")
 BEST, WITHIN = "best", "within one std"
 RANK_SPLIT = "test"  # the held-out test split: OOD test on a shift, the test split of a group benchmark
+# A row's budget is the protocol's when its steps, over what the WILDS rule gives its method, and its ERM budget
+# are within this share of the table's reference row (ERM's, else the median): rounding moves them by less.
+BUDGET_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class MethodRow:
     gpu_seconds: Optional[float] = None
     blind: str = ""  # the sweep's own finding that its selection could not see (results.blindness), else ""
     blind_everywhere: bool = False  # no finished trial's selection metric moved: the selection was by chance
+    budget: Optional[BudgetSummary] = None  # the replicates' mean planned budget; None when they recorded none
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,26 @@ class DatasetTable:
     @property
     def analysis_only(self) -> list[MethodRow]:
         return [r for r in self.rows if r.analysis_only]
+
+    @property
+    def unfair(self) -> list[tuple[MethodRow, str]]:
+        """Rows whose budget breaks the protocol's ratios, each with why: steps off what the WILDS rule gives the
+        method (a flat per-epoch cap, fixed epochs), or another ERM budget than the reference row's."""
+        budgets = [r for r in self.rows if r.budget is not None]
+        if len(budgets) < 2:
+            return []
+        reference = next((r for r in budgets if r.algorithm == "erm"), None)
+        ratio = reference.budget.protocol_ratio if reference else _median([r.budget.protocol_ratio for r in budgets])
+        erm_steps = reference.budget.erm_steps if reference else _median([r.budget.erm_steps for r in budgets])
+        found = []
+        for row in budgets:
+            if _off(row.budget.protocol_ratio, ratio):
+                found.append((row, f"{row.budget.protocol_ratio:.2f}x the steps the WILDS rule gives it "
+                                   f"({row.budget.steps:.0f} of {row.budget.protocol_steps:.0f})"))
+            elif _off(row.budget.erm_steps, erm_steps):
+                found.append((row, f"an ERM budget of {row.budget.erm_steps:.0f} steps, not the table's "
+                                   f"{erm_steps:.0f}"))
+        return found
 
     @property
     def rank_label(self) -> str:
@@ -169,6 +193,7 @@ def _row(summary: dict[str, Any], columns: list[Column]) -> MethodRow:
         trials=len(summary["trials"]), trials_ok=sum(t["status"] in ("ok", "stopped early") for t in summary["trials"]),
         replicates=len(summary["replicates"]["seeds"]), replicates_ok=int(summary["replicates"]["ok"]), cells=cells,
         blind=summary.get("selection_blind") or "", blind_everywhere=_blind_everywhere(summary["trials"]),
+        budget=BudgetSummary.from_metrics(replicate_summary),
         **{name: _total(compute, key) for name, key in (("trial_seconds", "wall_s"), ("cpu_seconds", "cpu_s"),
                                                          ("gpu_seconds", "gpu_s"))})
 
@@ -190,6 +215,14 @@ def _analysis_only(selection: dict[str, Any]) -> bool:
     from raybench.sweep.selection import SELECTIONS
 
     return SELECTIONS.get(selection["strategy"]).analysis_only
+
+
+def _median(values: list[float]) -> float:
+    return float(pd.Series(values, dtype="float64").median())
+
+
+def _off(value: float, reference: float) -> bool:
+    return not (math.isfinite(value) and reference > 0 and abs(value / reference - 1) <= BUDGET_TOLERANCE)
 
 
 def _nan_if_none(value: Optional[float]) -> float:
@@ -251,7 +284,7 @@ def _display_frame(table: DatasetTable, rows: list[MethodRow], mark: Any) -> pd.
         for column in table.columns:
             cell = row.cells.get(column.key)
             record[column.label] = mark(cell.text(), cell.mark) if cell else "n/a"
-        record.update({"trials": trials, "replicates": replicates})
+        record.update({"trials": trials, "replicates": replicates, "budget": row.budget.short() if row.budget else "n/a"})
         if row.trial_seconds is not None:
             compute = _compute_text(row.trial_seconds, "trial")
             compute += f", {_compute_text(row.gpu_seconds, 'GPU')}" if row.gpu_seconds else ""
@@ -266,12 +299,16 @@ def _heading(table: DatasetTable) -> str:
 
 def _legend(table: DatasetTable, best: str, within: str) -> str:
     return (f"{best} best {table.rank_label}; {within} within one std of it. "
-            f"Compute: trial-seconds of the search and the replicates together.")
+            f"Budget: a replicate's planned steps (batches), labeled passes, and steps over ERM's at the same epoch "
+            f"share. Compute: trial-seconds of the search and the replicates together.")
 
 
 def _blind_lines(table: DatasetTable) -> list[str]:
-    """A row whose search could not tell its configs apart is marked, never passed off as a selection."""
-    return [f"Selection blind: {row.method} ({row.sweep}): {row.blind}." for row in table.rows if row.blind]
+    """A row whose search could not tell its configs apart is marked, never passed off as a selection; so is a
+    row that got another budget than the protocol gives it (an unfair comparison looks like a fair one)."""
+    lines = [f"Selection blind: {row.method} ({row.sweep}): {row.blind}." for row in table.rows if row.blind]
+    return lines + [f"Budget outside the protocol's ratios: {row.method} ({row.sweep}): {why}."
+                    for row, why in table.unfair]
 
 
 def _unfinished_lines(comparison: Comparison) -> list[str]:
@@ -363,6 +400,10 @@ def records(comparison: Comparison) -> list[dict[str, Any]]:
                                       "analysis_only": row.analysis_only, "trials": row.trials, "trials_ok": row.trials_ok,
                                       "replicates": row.replicates, "replicates_ok": row.replicates_ok,
                                       "selection_blind": row.blind, "selection_blind_everywhere": row.blind_everywhere}
+            budget = row.budget
+            record.update({f"budget.{name}": getattr(budget, name) if budget else None
+                           for name in (*BudgetSummary.FIELDS, "erm_ratio", "protocol_ratio")})
+            record["budget_unfair"] = next((why for unfair, why in table.unfair if unfair is row), "")
             for column in table.columns:
                 cell = row.cells.get(column.key)
                 record.update({f"{column.key}.mean": cell.mean if cell else None,

@@ -65,6 +65,7 @@ from raybench.sweep.progress import StageProgress  # noqa: E402
 from raybench.sweep.sampling import MAX_REDRAWS, SAMPLERS, config_key, optuna_distribution  # noqa: E402
 from raybench.sweep.space import ResolvedSpace, run_key  # noqa: E402
 from raybench.sweep.results import FAILED, INTERRUPTED, OK, SELECTABLE, STOPPED  # noqa: E402
+from raybench.budget import BUDGET_PREFIX  # noqa: E402
 from raybench.sweep.ray_worker import (  # noqa: E402
     EPOCHS_DONE, FAILURE_KEY, NODE_KEY, SEARCH_METRIC, STAGES_KEY, TrainReporter, TrialClock, WorkersReportCallback,
     deterministic_failure, fit, flat_report, train_worker_loop,
@@ -819,7 +820,7 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
             "best_epoch": metrics.get("best_epoch"),
             "selection_blind": bool(metrics.get(BLIND_INFO)),
             "selection_note": metrics.get(NOTE_INFO),
-            "metrics": {k: v for k, v in metrics.items() if k.startswith(("best/", "time/")) and isinstance(v, (int, float))},
+            "metrics": {k: v for k, v in metrics.items() if k.startswith(("best/", "time/", BUDGET_PREFIX)) and isinstance(v, (int, float))},
             "checkpoint": _checkpoint_path(result, metrics),
             "node": (record or metrics).get(NODE_KEY),
         })

@@ -73,7 +73,7 @@ def flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
     if stages:
         metrics[STAGES_KEY] = json.dumps(stages, default=str)
     metrics.update(clock.fields())
-    metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith("train/")})
+    metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith(("train/", "budget/"))})
     metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
     metrics[EPOCHS_DONE] = report.metrics["epoch"] + 1
     metrics.update({f"info/{k}": v for k, v in facts.items()})

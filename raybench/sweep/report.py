@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from raybench.sweep.progress import duration
-from raybench.sweep.results import compute_line, fmt, nothing_selected, notices, summary_splits, summary_tracking_line
+from raybench.sweep.results import BudgetSummary, compute_line, fmt, nothing_selected, notices, summary_splits, summary_tracking_line
 
 
 def _json_safe(value: Any) -> Any:
@@ -25,9 +25,17 @@ def _json_safe(value: Any) -> Any:
 def trial_rows(summary: dict[str, Any]) -> pd.DataFrame:
     rows = [{"trial_id": t["trial_id"], "status": t["status"] + (" (blind)" if t.get("selection_blind") else ""),
              "selection_value": t["selection_value"],
-             "best_epoch": t["best_epoch"], "failure_reason": t["failure_reason"],
+             "best_epoch": t["best_epoch"], **_budget_cells(t), "failure_reason": t["failure_reason"],
              **{f"config.{k}": v for k, v in sorted(t["sampled"].items())}} for t in summary["trials"]]
     return pd.DataFrame(rows)
+
+
+def _budget_cells(trial: dict[str, Any]) -> dict[str, Any]:
+    """A trial's planned steps and their ratio to the WILDS rule's (blank when it recorded none)."""
+    budget = BudgetSummary.from_metrics(trial.get("metrics") or {})
+    if budget is None:
+        return {"steps": "", "x protocol": ""}
+    return {"steps": f"{budget.steps:.0f}", "x protocol": f"{budget.protocol_ratio:.2f}"}
 
 
 def render(summary: dict[str, Any], fmt_name: str) -> str:
@@ -64,6 +72,9 @@ def table(summary: dict[str, Any]) -> str:
     out += [f"selected {sel['trial_id']}: {config}",
             f"replicates: {rep['ok']}/{len(rep['seeds'])} seeds finished, metrics at each replicate's best-{metric} epoch "
             f"(mean ± std over seeds, %)"]
+    budget = BudgetSummary.from_metrics(rep["summary"])
+    if budget is not None:
+        out.insert(-1, f"budget per replicate: {budget.text()}")
     rows = []
     for split, label in summary_splits(summary):
         cells = {m: fmt(rep["summary"].get(f"best/{split}/{m}")) for m in summary["metric_names"]}

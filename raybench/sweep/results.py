@@ -9,11 +9,13 @@ import hashlib
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import pandas as pd
 
+from raybench.budget import StepRatios
 from raybench.labels import SHIFT_SPLIT_LABELS
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
@@ -22,6 +24,46 @@ SELECTABLE = (OK, STOPPED)
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
 COMPUTE_KEYS = {"wall_s": "time/wall_s", "cpu_s": "time/cpu_s", "gpu_s": "time/gpu_s"}
 BLIND = "selection metric constant: selection is blind"
+
+
+@dataclass(frozen=True)
+class BudgetSummary(StepRatios):
+    """What a run planned to train (raybench/budget.py), read back from its `budget/` metrics, or their
+    means over a sweep's replicates. `steps` are batches; `spent_steps` what the run ran (early stopping ends
+    some runs before their plan)."""
+
+    steps: float
+    optimizer_steps: float
+    labeled_examples: float
+    unlabeled_examples: float
+    labeled_passes: float
+    protocol_steps: float
+    erm_steps: float
+    spent_steps: float
+
+    FIELDS = ("steps", "optimizer_steps", "labeled_examples", "unlabeled_examples", "labeled_passes",
+              "protocol_steps", "erm_steps")
+
+    @classmethod
+    def from_metrics(cls, values: Mapping[str, Any]) -> Optional["BudgetSummary"]:
+        """From a run's metrics (numbers) or a replicate summary (cells with a mean); None when not recorded."""
+        def number(key: str) -> Optional[float]:
+            value = values.get(key)
+            value = value.get("mean") if isinstance(value, dict) else value
+            return float(value) if _finite(value) else None
+
+        planned = {name: number(f"budget/planned_{name}") for name in cls.FIELDS}
+        if any(v is None for v in planned.values()):
+            return None
+        return cls(**planned, spent_steps=number("budget/steps") or 0.0)  # type: ignore[arg-type]
+
+    def text(self) -> str:
+        return (f"{self.steps:.0f} steps ({self.optimizer_steps:.0f} optimizer steps), {self.labeled_examples:.0f} "
+                f"labeled + {self.unlabeled_examples:.0f} unlabeled examples, {self.labeled_passes:.2f} labeled passes; "
+                f"{self.erm_ratio:.2f}x ERM's steps, {self.protocol_ratio:.2f}x the protocol's")
+
+    def short(self) -> str:
+        return f"{self.steps:.0f} st, {self.labeled_passes:.1f} lp, {self.erm_ratio:.2f}x ERM"
 
 
 def split_labels(summary: dict[str, Any]) -> dict[str, str]:
@@ -186,6 +228,8 @@ def _selected_lines(summary: dict[str, Any]) -> list[str]:
     sel, rep = summary["selected"], summary["replicates"]
     lines = [f"Selected trial `{sel['trial_id']}` ({summary['selection']['metric']} = {sel['selection_value']:.4f}):", ""]
     lines += [f"- `{k}` = {v}" for k, v in sorted(sel["sampled"].items())]
+    budget = BudgetSummary.from_metrics(rep["summary"])
+    lines += ["", f"Budget per replicate: {budget.text()}"] if budget else []
     lines += ["", f"Replicates: {rep['ok']} of {len(rep['seeds'])} seeds finished (mean ± std, %):", "",
               "| split | " + " | ".join(summary["metric_names"]) + " |", "|---" * (len(summary["metric_names"]) + 1) + "|"]
     for split, label in summary_splits(summary):

@@ -23,11 +23,6 @@ def cycle_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterat
         yield from epoch_batches(n, batch_size, generator)
 
 
-def steps_per_epoch(n: int, batch_size: int, cap: int | None) -> int:
-    steps = max(n // batch_size, 1)
-    return min(steps, cap) if cap else steps
-
-
 def balanced_batches(keys: Tensor, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
     """Batches with equal counts of every key (class or group); B mod K extra slots go to random keys.
 

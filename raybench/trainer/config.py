@@ -17,6 +17,7 @@ from raybench.algorithms import ALGORITHMS
 from raybench.algorithms.base import coerce
 from raybench.data.base import ShiftDataset
 from raybench.models import MODELS, ModelSpec, build_model
+from raybench.budget import Budget, ProtocolRule, epoch_steps, plan
 from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Allowed, find_problem, setting
 from raybench.trainer.optim import OPTIMIZERS, SCHEDULES
 
@@ -61,7 +62,14 @@ class TrainConfig:
     patience: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="early stopping: epochs without a better "
                                                                        "selection metric; none: never stop early")
     seed: int = setting(0, help="seeds the model, the batches and the augmentation")
-    max_steps_per_epoch: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="cut each epoch short (smoke runs)")
+    epoch_fraction: Optional[float] = setting(None, allowed=Allowed(low=0.0, high=1.0, low_open=True),
+                                              help="each epoch covers this share of the labeled training data, for "
+                                                   "every method alike: the fair way to shorten runs (the WILDS "
+                                                   "budget ratios hold); none: whole epochs")
+    max_steps_per_epoch: Optional[int] = setting(None, allowed=AT_LEAST_ONE,
+                                                 help="smoke runs only: cut every epoch at N steps, whatever the "
+                                                      "method (breaks the protocol's budget ratios; see "
+                                                      "epoch_fraction)")
     selection_metric: Optional[str] = setting(None, help="split/metric that picks the best epoch; none: the dataset's")
     data_dir: Optional[str] = setting(None, help="where datasets are cached; none: $RAYBENCH_DATA_DIR or the default")
     data_seed: int = setting(0, help="seeds the generated datasets (digits-shift, spuco-*)")
@@ -159,6 +167,8 @@ class TrainConfig:
                          "unlabeled_ratio", "unlabeled_split", "epochs", "grad_clip")
             if getattr(self, name) is None
         }
+        if self.scheduler is None and defaults.scheduler is None:  # the method's own, as the authors' code has it
+            filled["scheduler"] = getattr(ALGORITHMS.get(self.algorithm), "default_scheduler", None)
         if self.model_weights is None and filled.get("model", self.model) == defaults.model:
             filled["model_weights"] = defaults.model_weights  # the default model's weights, never another model's
         if self.selection_metric is None:
@@ -209,6 +219,37 @@ class TrainConfig:
         except (ValueError, OSError) as err:
             raise ConfigError("model_weights", str(err)) from None
 
+    def epoch_plan(self, dataset: ShiftDataset) -> "EpochPlan":
+        """Batch sizes and steps of one epoch of this (resolved) config on `dataset`, as the trainer runs it."""
+        algorithm = ALGORITHMS.get(self.algorithm)
+        hparams = algorithm.Hparams.from_dict(self.hparams, self.algorithm)
+        if algorithm.is_pretext(hparams):  # every row unlabeled, and an epoch is one pass over them
+            assert self.batch_size is not None and self.unlabeled_split is not None
+            steps = epoch_steps(len(dataset.split(self.unlabeled_split)), self.batch_size, None, self.max_steps_per_epoch)
+            return EpochPlan(0, self.batch_size, steps, pretext=True)
+        labeled, unlabeled = self.batch_sizes(algorithm.uses_unlabeled)
+        steps = epoch_steps(len(dataset.split("train")), labeled, self.epoch_fraction, self.max_steps_per_epoch)
+        return EpochPlan(labeled, unlabeled, steps, pretext=False)
+
+    def budget(self, dataset: ShiftDataset) -> Budget:
+        """What this (resolved) config plans to train, beside what the WILDS rule gives its method at the same
+        epoch share (raybench/budget.py): known before any step, so `space show` can print it."""
+        algorithm = ALGORITHMS.get(self.algorithm)
+        rounds = algorithm.rounds_for(algorithm.Hparams.from_dict(self.hparams, self.algorithm))
+        epoch = self.epoch_plan(dataset)
+        n_labeled, epochs = len(dataset.split("train")), int(self.epochs or 1)
+        if epoch.pretext:  # a pre-training stage has its own budget: the one it plans
+            protocol = epoch.steps * epochs * rounds
+        else:
+            rule = ProtocolRule(erm_epochs=dataset.defaults.epochs, uses_unlabeled=algorithm.uses_unlabeled,
+                                unlabeled_ratio=int(self.unlabeled_ratio or 1), factor=algorithm.ratio_epochs_factor,
+                                rounds=rounds)
+            protocol = rule.steps(n_labeled, epoch.labeled_batch, self.epoch_fraction)
+        erm = ProtocolRule(dataset.defaults.epochs, uses_unlabeled=False, unlabeled_ratio=1, factor=1.0, rounds=1)
+        erm_steps = erm.steps(n_labeled, int(self.batch_size or 1), self.epoch_fraction)
+        return plan(epoch.steps, epochs, rounds, self.grad_accum, epoch.labeled_batch, epoch.unlabeled_batch,
+                    n_labeled, protocol, erm_steps)
+
     def batch_sizes(self, uses_unlabeled: bool) -> tuple[int, int]:
         """(labeled, unlabeled) per batch: unlabeled = int(k/(k+1) B), labeled = B - unlabeled (WILDS 2.0 App. D)."""
         assert self.batch_size is not None and self.unlabeled_ratio is not None
@@ -217,6 +258,16 @@ class TrainConfig:
         k = self.unlabeled_ratio
         unlabeled = int(k / (k + 1) * self.batch_size)
         return self.batch_size - unlabeled, unlabeled
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch's shape: labeled and unlabeled rows a batch, and steps (a pretext epoch passes the unlabeled split)."""
+
+    labeled_batch: int
+    unlabeled_batch: int
+    steps: int
+    pretext: bool
 
 
 def numeric_kind(annotation: Any) -> Optional[str]:

@@ -5,7 +5,8 @@ batch holding `labeled = B - int(k/(k+1) B)` labeled and `int(k/(k+1) B)` unlabe
 are accumulated over `grad_accum` batches per optimiser step. After every epoch all labeled evaluation
 splits are scored, the best model by the selection metric is kept (for a multi-round method, the best of
 its last round), callbacks are told, and training stops early after `patience` epochs without improvement.
-Nothing here imports Ray or MLflow: the sweep plugs in through `Callback`.
+Every epoch's metrics carry the run's budget under `budget/` (raybench/budget.py): what it planned, beside the
+WILDS rule's, and what it ran so far. Nothing here imports Ray or MLflow: the sweep plugs in through `Callback`.
 
 Pretext mode (the pre-training stage of SwAV and masked LM, `Algorithm.is_pretext`): an epoch is one pass
 over the unlabeled split, no labeled batch is drawn and no labeled split is scored; each epoch reports the
@@ -33,9 +34,8 @@ from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
 from raybench.data.base import Batch, move_to
 from raybench.data.prefetch import Prefetcher, is_lazy, pinned
 from raybench.models import FeaturizerHead, ModelSpec, build_model
-from raybench.trainer.batches import (
-    balanced_batches, cycle_batches, epoch_batches, multiset_batches, steps_per_epoch, weighted_batches,
-)
+from raybench.trainer.batches import balanced_batches, cycle_batches, epoch_batches, multiset_batches, weighted_batches
+from raybench.budget import Spent
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 from raybench.trainer.checkpoints import (
     BEST_MODEL_FILE, STATE_FILE, atomic_save, load_state_dict_into, read_model_checkpoint, read_trial_state,
@@ -78,6 +78,7 @@ class _Progress:
     best_epoch: int = -1
     best_metrics: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
+    spent: Spent = field(default_factory=Spent)
     info: dict[str, str] = field(default_factory=dict)
 
     def start_round(self, round_index: int, epochs_per_round: int) -> None:
@@ -156,14 +157,9 @@ class Trainer:
         self.unlabeled_split: Optional[Split] = (
             self.dataset.split(self.config.unlabeled_split) if self.uses_unlabeled else None
         )
-        if self.pretext:  # every example of a batch is unlabeled, and an epoch is one pass over them
-            assert self.unlabeled_split is not None and self.config.batch_size is not None
-            self.labeled_bs, self.unlabeled_bs = 0, self.config.batch_size
-            epoch_size, epoch_batch = len(self.unlabeled_split), self.unlabeled_bs
-        else:
-            self.labeled_bs, self.unlabeled_bs = self.config.batch_sizes(self.uses_unlabeled)
-            epoch_size, epoch_batch = len(self.train_split), self.labeled_bs
-        self.steps_per_epoch = steps_per_epoch(epoch_size, epoch_batch, self.config.max_steps_per_epoch)
+        epoch = self.config.epoch_plan(self.dataset)
+        self.labeled_bs, self.unlabeled_bs, self.steps_per_epoch = epoch.labeled_batch, epoch.unlabeled_batch, epoch.steps
+        self.budget = self.config.budget(self.dataset)
         self.progress = _Progress()
         self.best_state: Optional[dict[str, Tensor]] = None  # the best epoch of the current round
         self.previous_round_state: Optional[dict[str, Tensor]] = None  # the last round's best: the next teacher
@@ -290,7 +286,8 @@ class Trainer:
         cfg = self.config
         base = TrainConfig(
             dataset=cfg.dataset, model=cfg.model, model_weights=cfg.model_weights, seed=cfg.seed,
-            max_steps_per_epoch=cfg.max_steps_per_epoch, data_dir=cfg.data_dir, data_seed=cfg.data_seed,
+            max_steps_per_epoch=cfg.max_steps_per_epoch, epoch_fraction=cfg.epoch_fraction, data_dir=cfg.data_dir,
+            data_seed=cfg.data_seed,
             device=cfg.device, eval_batch_size=cfg.eval_batch_size, stage_cache=cfg.stage_cache,
             input_size=cfg.input_size,
         )
@@ -398,7 +395,8 @@ class Trainer:
                 unlabeled = self._unlabeled_stream(generators["unlabeled"])
                 train_logs = self._train_epoch(algorithm, forward, optimizer, schedule, generators["labeled"], unlabeled)
                 schedule.step_epoch()
-            metrics = {**train_logs, **self._evaluate(algorithm), "lr": optimizer.param_groups[0]["lr"]}
+            metrics = {**train_logs, **self._evaluate(algorithm), "lr": optimizer.param_groups[0]["lr"],
+                       **self.budget.metrics(), **self.progress.spent.metrics(len(self.train_split))}
             is_best = self._record(algorithm, metrics)
             self.progress.epoch += 1
             stops_early = bool(self.config.patience) and metrics["epochs_since_best"] >= self.config.patience
@@ -461,9 +459,14 @@ class Trainer:
                 f"({self.config.algorithm}, lr={self.config.lr}); no weights were updated with it"
             )
         (out.loss / accum).backward()
+        spent = self.progress.spent
+        spent.steps += 1
+        spent.labeled_examples += self.labeled_bs if labeled is not None else 0
+        spent.unlabeled_examples += self.unlabeled_bs if unlabeled_batch is not None else 0
         if (i + 1) % accum == 0 or i + 1 == self.steps_per_epoch:
             self._optimizer_step(algorithm, optimizer)
             schedule.step_batch()
+            spent.optimizer_steps += 1
         for key, value in {"loss/total": out.loss.detach(), **out.logs}.items():
             sums[key] = sums[key] + value.float() if key in sums else value.float()
 
@@ -586,7 +589,8 @@ class Trainer:
     def _load_state(self, directory: Path) -> dict[str, Any]:
         """`state.pt`, read with weights_only=True: a file holding pickled code is refused, never run."""
         state = read_trial_state(directory)
-        self.progress = _Progress(**state["progress"])
+        progress = dict(state["progress"])
+        self.progress = _Progress(**{**progress, "spent": Spent(**progress.get("spent", {}))})
         self.best_state = state["best_state"]
         return state
 

@@ -55,6 +55,16 @@ SCHEDULES: dict[Optional[str], ScheduleFactory] = {
         LambdaLR(opt, lambda s: 1e-3 + (1 - 1e-3) * 0.5 * (1 + math.cos(math.pi * min(s / max(total_steps, 1), 1.0)))),
         per_step=True,
     ),
+    # The FixMatch decay, lr * (1 + 10 t / T)^-0.75 at optimiser step t of T, per step: WILDS' "FixMatchLR"
+    # (p-lambda/wilds examples/scheduler.py lines 34-40, a LambdaLR stepped after every optimiser step, T =
+    # n_train_steps = ceil(batches per epoch / gradient_accumulation_steps) x n_epochs, examples/algorithms/
+    # initializer.py line 23). The authors' code gives it to Pseudo-Label, FixMatch and Noisy Student where the
+    # dataset sets no scheduler (Algorithm.default_scheduler); the paper's text names no schedule, the code is followed.
+    "fixmatch": lambda opt, total_steps, gamma: Schedule(
+        LambdaLR(opt, lambda s: (1.0 + 10.0 * s / max(total_steps, 1)) ** -0.75), per_step=True
+    ),
+    # The lr as set, named, so a run can opt out of a method's default schedule (unset means "the default").
+    "constant": lambda opt, total_steps, gamma: Schedule(None, per_step=False),
 }
 
 
