@@ -147,3 +147,20 @@ def test_compare_shows_each_rows_budget_and_flags_a_table_whose_rows_got_budgets
     rows = {r["sweep"]: r for r in json.loads(render(compare([*fair, capped]), "json"))["rows"]}
     assert rows["s-fixmatch"]["budget_unfair"].startswith("0.48x") and rows["s-dann"]["budget_unfair"] == ""
     assert rows["s-dann"]["budget.erm_ratio"] == 2.0
+
+
+def test_results_show_each_trials_steps_and_the_replicates_budget():
+    from raybench.sweep.report import render as render_results
+
+    record = with_budget(summary("s-fixmatch", "fixmatch", {"test/acc": (0.5, 0.01)}), 750, 1560, 780)
+    trial_metrics = {f"budget/planned_{k}": v for k, v in {"steps": 750, "optimizer_steps": 190, "labeled_examples": 12000,
+                     "unlabeled_examples": 36000, "labeled_passes": 2.4, "protocol_steps": 1560, "erm_steps": 780}.items()}
+    record.update({"wall_seconds": 800.0, "metric_names": ["acc"], "selected": {"trial_id": "t0", "sampled": {"lr": 0.01}, "selection_value": 0.7}})
+    record["trials"] = [{"trial_id": "t0", "status": "ok", "selection_value": 0.7, "best_epoch": 3, "failure_reason": None,
+                         "sampled": {"lr": 0.01}, "metrics": trial_metrics}]
+    text = render_results(record, "table")
+    header, row = [line.split() for line in text.splitlines() if line.strip().startswith(("trial_id", "t0"))][:2]
+    assert row[header.index("steps")] == "750" and "0.48" in row
+    assert "budget per replicate: 750 steps (188 optimizer steps), 12000 labeled + 36000 unlabeled examples" in text
+    assert "0.96x ERM's steps, 0.48x the protocol's" in text
+    assert "steps" in render_results(record, "csv").splitlines()[0]

@@ -42,8 +42,9 @@ class Case:
 SMALL_MLM = ("pretrain_epochs=1", "pretrain_steps=2", "pretrain_batch_size=4", "pretrain_grad_accum=1", "batch_size=4")
 CASES = {
     "swav-digits": Case("swav", "digits-shift", ("pretrain_epochs=2",)),
-    # text-shift evaluates 3,500 texts with MiniLM per epoch: one trial, one replicate, one epoch keep it short
-    "mlm-text-shift": Case("mlm", "text-shift", SMALL_MLM + ("epochs=1",), runs=(1, 1)),
+    # text-shift evaluates 3,500 texts with MiniLM per epoch: one trial and one epoch keep it short (that runs share
+    # one pre-training is the same stage cache for every method, shown by the SwAV and e-Mix sweeps)
+    "mlm-text-shift": Case("mlm", "text-shift", SMALL_MLM + ("epochs=1",), runs=(1, 0)),
     "emix-digits": Case("emix", "digits-shift", ("pretrain_epochs=1",)),
 }
 
