@@ -168,7 +168,7 @@ class TrainConfig:
             if getattr(self, name) is None
         }
         if self.scheduler is None and defaults.scheduler is None:  # the method's own, as the authors' code has it
-            filled["scheduler"] = getattr(ALGORITHMS.get(self.algorithm), "default_scheduler", None)
+            filled["scheduler"] = ALGORITHMS.get(self.algorithm).default_scheduler
         if self.model_weights is None and filled.get("model", self.model) == defaults.model:
             filled["model_weights"] = defaults.model_weights  # the default model's weights, never another model's
         if self.selection_metric is None:
