@@ -1,6 +1,7 @@
 """The SpuCo methods: samplers, losses and group inference against hand-computed values and properties."""
 from __future__ import annotations
 
+import ast
 import re
 
 import numpy as np
@@ -11,7 +12,7 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.preprocessing import StandardScaler
 
 from raybench.algorithms import ALGORITHMS
-from raybench.algorithms.dfr import DFR, balanced_subsample, fit_l1_logistic
+from raybench.algorithms.dfr import DFR, Standardizer, balanced_subsample, fit_l1_logistic
 from raybench.algorithms.dispel import mix_embeddings
 from raybench.algorithms.eiil import infer_environments, scale_gradients
 from raybench.algorithms.groupdro import group_dro_loss
@@ -138,14 +139,16 @@ def test_dfr_last_layer_equals_sklearn_logistic_regression_on_the_same_embedding
     z = rng.normal(size=(120, 16))
     y = rng.integers(0, 3, 120)
     z[:, 0] += 2 * y
-    head = fit_l1_logistic(z, y, c=0.3, n_classes=3, seed=0)
-    scaler = StandardScaler().fit(z)
+    train_z = rng.normal(loc=1.5, scale=3.0, size=(500, 16))  # the scaler comes from training embeddings
+    standardize = Standardizer.fit(train_z)
+    head = standardize.fold(fit_l1_logistic(standardize(z), y, c=0.3, n_classes=3, seed=0))
+    scaler = StandardScaler().fit(train_z)
     reference = OneVsRestClassifier(LogisticRegression(C=0.3, l1_ratio=1.0, solver="liblinear", random_state=0))
     reference.fit(scaler.transform(z), y)
     expected = reference.decision_function(scaler.transform(z))
     model = build_model("lenet", ModelSpec((3, 16, 16), 3, None))
     model.head = torch.nn.Linear(16, 3)
-    DFR.set_head(type("Holder", (), {"model": model})(), head)
+    DFR.write_head(model, head)
     with torch.no_grad():
         logits = model.head(torch.from_numpy(z).float()).double().numpy()
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
@@ -224,14 +227,16 @@ def test_a_stage_cache_hit_does_not_retrain_the_reference(tiny_group_dataset, tm
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "fit", counting_fit)
-    # Another trial (other lr and S_r) that agrees on the reference: loaded, not trained again.
-    second, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, lr=0.01, upsample=5)
+    # Another trial (other S_r) that agrees on the reference's T_r, lr and weight decay: loaded, not trained again.
+    second, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, upsample=5)
     assert stages[0].cached and stages[0].key == reference.key
     assert fits == ["jtt"]  # only the trial's own training ran
-    # A different T_r is a different reference.
+    # A different T_r is a different reference; so is another lr, which JTT's reference shares with its trial.
     _, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=2)
     assert not stages[0].cached and stages[0].key != reference.key
-    assert fits == ["jtt", "jtt", "erm"]  # the trial, then inside it its new reference
+    _, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, lr=0.01)
+    assert not stages[0].cached and stages[0].key != reference.key
+    assert fits == ["jtt", "jtt", "erm", "jtt", "erm"]  # each trial, then inside it its new reference
 
 
 def test_a_resumed_multi_stage_trial_keeps_its_inferred_groups(tiny_group_dataset, tmp_path):
@@ -289,3 +294,59 @@ def test_a_huge_multiset_is_drawn_without_one_object_per_index():
         tracemalloc.stop()
     assert batch.shape == (64,) and batch.dtype == torch.long and int(batch.max()) < 1000
     assert peak < 20 * 2**20, f"drawing one batch held {peak / 2**20:.0f} MiB of Python objects"
+
+
+# ----- JTT as SpuCo runs it: its reference at the run's lr and wd, epochs over the upsampled set ---------------
+def test_jtt_reference_uses_the_runs_lr_and_an_epoch_covers_the_upsampled_set(tiny_group_dataset, tmp_path):
+    result, stages = _fit(tiny_group_dataset, "jtt", tmp_path, lr=0.037, weight_decay=0.0021, reference_epochs=1,
+                          upsample=9, batch_size=16)
+    [reference, inferred] = stages
+    first_stage = ast.literal_eval(reference.facts["config"])
+    assert first_stage["lr"] == 0.037 and first_stage["weight_decay"] == 0.0021 and first_stage["epochs"] == 1
+    n_errors, n_train = int(inferred.metrics["error_set_size"]), len(tiny_group_dataset.split("train"))
+    assert n_errors > 0
+    upsampled = n_train + (9 - 1) * n_errors  # every example once, each error 9 times in all
+    steps = upsampled // 16  # the trainer's epochs drop the last partial batch, as over |train|
+    assert steps > n_train // 16
+    for epoch in result.history:
+        assert epoch["budget/planned_steps"] == 2 * steps
+    assert result.history[-1]["budget/steps"] == 2 * steps
+    assert result.history[-1]["budget/labeled_examples"] == 2 * steps * 16
+
+
+def test_jtt_defaults_are_spucos_spucomnist_settings():
+    hparams = ALGORITHMS.get("jtt").Hparams()
+    assert hparams.upsample == 800 and hparams.reference_epochs == 2
+    assert hparams.reference_lr is None and hparams.reference_weight_decay is None  # None: the run's own
+
+
+# ----- DFR's inner grid: a grid that cannot tell its settings apart is a blind selection ----------------------
+def test_dfr_flags_a_c_grid_whose_settings_all_score_the_same(tiny_group_dataset, tmp_path):
+    # C this small zeroes every l1 weight: each head predicts by its intercepts alone, so every C scores alike.
+    result, stages = _fit(tiny_group_dataset, "dfr", tmp_path, reference_epochs=1, c_grid="1e-6,1e-7", n_ensemble=2)
+    note = result.info["selection_blind"]
+    assert note.startswith("all 2 last-layer settings scored the same held-out worst-group accuracy")
+    assert stages[-1].facts["selection_blind"] == note
+    informative, _ = _fit(tiny_group_dataset, "dfr", tmp_path, reference_epochs=1, c_grid="1.0,1e-6", n_ensemble=2)
+    assert "selection_blind" not in informative.info
+
+
+def test_dfr_fits_one_member_when_every_balanced_subsample_is_the_whole_set(monkeypatch):
+    """On a group-balanced val every member's balanced subsample holds every row, so one fit stands for the
+    ensemble; a skewed val still gets n_ensemble different subsamples."""
+    import raybench.algorithms.dfr as dfr_module
+
+    fits = []
+    real = dfr_module.fit_l1_logistic
+    monkeypatch.setattr(dfr_module, "fit_l1_logistic", lambda z, y, *a: fits.append(len(z)) or real(z, y, *a))
+    rng = np.random.default_rng(0)
+    z, y = rng.normal(size=(40, 3)), np.repeat([0, 1], 20)
+    algorithm = DFR.__new__(DFR)
+    algorithm.hparams, algorithm.context = DFR.Hparams(n_ensemble=4), type("C", (), {"task": type("T", (), {"n_outputs": 2})})()
+    balanced = np.repeat([0, 1, 2, 3], 10)
+    algorithm.fit_ensemble(z, y, balanced, {"c": 1.0}, 0)
+    assert fits == [40]
+    fits.clear()
+    skewed = np.array([0] * 15 + [1] * 5 + [2] * 5 + [3] * 15)
+    algorithm.fit_ensemble(z, y, skewed, {"c": 1.0}, 0)
+    assert fits == [20] * 4

@@ -9,6 +9,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -186,27 +187,37 @@ def test_pseudo_labels_are_identical_on_every_rank(tiny_dataset, tmp_path):
     assert not torch.equal(draws[0], draws[1])
 
 
-# ----- C. DFR and Dispel are scored, and so selected, on the half of val their head never saw --------------
+# ----- C. DFR and Dispel choose on the half of val the chosen model never saw, then refit on all of it ----
 @pytest.mark.parametrize("algorithm, extra", [("dfr", {}), ("dispel", {"s_grid": "0.5"})])
 def test_last_layer_methods_are_scored_on_the_held_out_half_they_never_fit(algorithm, extra, tiny_group_dataset,
                                                                           tmp_path, monkeypatch):
     dataset = dataclasses.replace(tiny_group_dataset, metrics={
-        **tiny_group_dataset.metrics, "rows": lambda out, y, group: float(len(y))})  # sees which rows are scored
-    seen: dict[str, list] = {"val": [], "fits": []}
-    embed, fit_ensemble = DFR.embed, DFR.fit_ensemble
+        **tiny_group_dataset.metrics, "rows": lambda out, y, group: float(len(y)),  # sees which rows are scored
+        "logit_sum": lambda out, y, group: float(out.double().sum())})  # ... and which model scored them
+    seen: dict[str, list] = {"val": [], "scored_fits": [], "final_fits": [], "scorers": []}
+    embed, score, fit_ensemble, scored_rows = DFR.embed, DFR.score, DFR.fit_ensemble, DFR.scored_rows
 
     def spy_embed(self, context, split):
         z = embed(self, context, split)
         if split.name == "val":
-            seen["val"].append(z)
+            seen["val"].append(self.standardize(z))
         return z
 
+    def spy_score(self, z, y, group, fit, held_out, setting, seed):
+        seen["scored_fits"].append(fit)
+        return score(self, z, y, group, fit, held_out, setting, seed)
+
     def spy_fit(self, z, y, group, setting, seed):
-        seen["fits"].append(z)
+        seen["final_fits"].append(z)
         return fit_ensemble(self, z, y, group, setting, seed)
 
-    monkeypatch.setattr(DFR, "embed", spy_embed)
-    monkeypatch.setattr(DFR, "fit_ensemble", spy_fit)
+    def spy_rows(self):
+        rows = scored_rows(self)
+        seen["scorers"] += [r.model for r in rows.values()]
+        return rows
+
+    for name, spy in (("embed", spy_embed), ("score", spy_score), ("fit_ensemble", spy_fit), ("scored_rows", spy_rows)):
+        monkeypatch.setattr(DFR, name, spy)
     recorder = Recorder()
     cfg = config(dataset=dataset.name, algorithm=algorithm, reference_epochs=1, c_grid="1.0,0.1", n_ensemble=2,
                  stage_cache=str(tmp_path), **extra)
@@ -215,18 +226,23 @@ def test_last_layer_methods_are_scored_on_the_held_out_half_they_never_fit(algor
     val = dataset.split("val")
     fit, held_out = split_halves(val, 0.5, cfg.seed)
     assert result.best_metrics["val/rows"] == len(held_out) != len(val)
-    model = result.best_model.eval()
+    # Every candidate was fit on the fit half only; the chosen one's model scores the held-out rows ...
+    assert seen["scored_fits"] and all(set(f.tolist()) == set(fit.tolist()) for f in seen["scored_fits"])
+    scorer = seen["scorers"][-1].eval()
     with torch.no_grad():
-        outputs = model(dataset.views.plain(val.x[held_out]))
+        outputs = scorer(dataset.views.plain(val.x[held_out]))
     y, group = val.y[held_out], val.group[held_out]
     assert result.best_metrics["val/worst_group_acc"] == pytest.approx(metrics.worst_group_accuracy(outputs, y, group))
     assert result.best_metrics["val/acc"] == pytest.approx(metrics.accuracy(outputs, y))
-    assert recorder.facts["selection_note"] == (
-        f"val metrics on the held-out half of val (n={len(held_out)}); the other half fit the last layer")
-
+    assert result.best_metrics["val/logit_sum"] == pytest.approx(float(outputs.double().sum()), rel=1e-5)
+    # ... while the final head, which test scores, is refit on every val row (SpuCo's refit).
     [z_val] = seen["val"]
-    fit_rows = {row.tobytes() for row in z_val[fit.numpy()]}
-    assert seen["fits"] and all(row.tobytes() in fit_rows for z in seen["fits"] for row in z)
+    [final] = seen["final_fits"]
+    assert final.shape == z_val.shape and np.allclose(final, z_val)
+    assert not torch.equal(scorer.head.weight, result.best_model.head.weight)
+    assert recorder.facts["selection_note"] == (
+        f"val metrics: the chosen setting's model, fit on 50% of val, scored on the held-out {len(held_out)} rows; "
+        "the final head is refit on all of val")
 
 
 # ----- D. a selection metric that never moved makes selection blind --------------------------------------

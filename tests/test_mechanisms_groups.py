@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import raybench.algorithms.dfr as dfr_module
+from raybench.algorithms.dfr import Standardizer
 import raybench.algorithms.dispel as dispel_module
 from raybench import metrics
 from raybench.algorithms import AlgorithmContext, RoundContext, StageModel, build_algorithm
@@ -366,26 +367,36 @@ class FitSpy:
         monkeypatch.setattr(module, "fit_l1_logistic", spy)
 
 
-def val_rows(dataset: ShiftDataset, z: np.ndarray) -> np.ndarray:
-    """Which validation rows these embeddings are (embeddings = inputs, all distinct)."""
-    index = {tuple(row): i for i, row in enumerate(dataset.split("val").x.double().numpy())}
-    return np.array([index[tuple(row)] for row in np.asarray(z, dtype=np.float32).astype(np.float64)])
+def val_rows(dataset: ShiftDataset, z: np.ndarray, standardize: Standardizer) -> np.ndarray:
+    """Which validation rows these standardised embeddings are (embeddings = inputs, all distinct)."""
+    x = dataset.split("val").x.double().numpy()
+    raw = np.asarray(z) * standardize.scale + standardize.mean
+    distance = ((raw[:, None, :] - x[None, :, :]) ** 2).sum(-1)
+    rows = distance.argmin(1)
+    assert np.allclose(distance[np.arange(len(rows)), rows], 0.0, atol=1e-8), "a fit row is no validation row"
+    return rows
 
 
-def test_dfr_fits_every_last_layer_on_a_group_balanced_subsample_of_the_fit_half(monkeypatch):
-    """DFR's defining step: each logistic regression sees the same number of validation examples from every
-    group (here 90/10 skewed), drawn only from the half that is not scored afterwards."""
+def test_dfr_scores_each_c_on_a_balanced_fit_half_then_refits_the_chosen_c_on_all_of_val(monkeypatch):
+    """DFR's defining steps: each logistic regression sees the same number of validation examples from every
+    group (here 90/10 skewed); those that score a C see only the fit half, and the chosen C is refit on
+    balanced subsamples of all of val, as SpuCo's code does."""
     dataset = embedding_problem()
     spy = FitSpy(dfr_module, monkeypatch)
-    algorithm = build_algorithm("dfr", vector_model(3), {"c_grid": "1.0,0.1", "n_ensemble": 2}, context_for(dataset))
+    algorithm = build_algorithm("dfr", vector_model(3), {"c_grid": "1.0,0.1", "n_ensemble": 3}, context_for(dataset))
     algorithm.begin_round(stub_round(dataset, StubStages(spurious_reference())))
     group, held_out = dataset.split("val").group.numpy(), set(algorithm.held_out.tolist())
-    assert len(spy.fits) == 2 * 2 + 2  # every C scored, then the chosen C refit
-    for z, _ in spy.fits:
-        rows = val_rows(dataset, z)
+    assert len(spy.fits) == 2 + 3  # one model scores each C, then the chosen C's ensemble
+    final_rows = set()
+    for i, (z, _) in enumerate(spy.fits):
+        rows = val_rows(dataset, z, algorithm.standardize)
         counts = np.bincount(group[rows], minlength=4)
         assert (counts == counts[0]).all(), f"a last layer was fit on groups {counts.tolist()}"
-        assert not held_out & set(rows.tolist()), "a last layer saw held-out validation rows"
+        if i < 2:
+            assert not held_out & set(rows.tolist()), "a C was scored by a fit that saw held-out rows"
+        else:
+            final_rows |= set(rows.tolist())
+    assert held_out & final_rows, "the chosen C was not refit on all of val"
 
 
 def test_dfr_replaces_the_spurious_head_with_one_that_serves_every_group():
@@ -415,7 +426,8 @@ def pooled_problem() -> tuple[ShiftDataset, np.ndarray]:
 
 def test_dispel_fits_on_training_embeddings_mixed_with_balanced_same_class_validation_ones(monkeypatch):
     """Dispel's defining step: every training embedding z (with its own label) is replaced by s z' + (1 - s) z,
-    z' a same-class embedding from a group-balanced subsample of the validation fit half."""
+    z' a same-class embedding from a group-balanced validation subsample: of the fit half while a setting is
+    scored, of all of val in the chosen setting's refit."""
     dataset, per_class = pooled_problem()
     spy = FitSpy(dispel_module, monkeypatch)
     s = 0.75
@@ -424,12 +436,15 @@ def test_dispel_fits_on_training_embeddings_mixed_with_balanced_same_class_valid
     algorithm.begin_round(stub_round(dataset, StubStages(spurious_reference())))
     train_y, val, held_out = dataset.split("train").y.numpy(), dataset.split("val"), set(algorithm.held_out.tolist())
     fit_rows = np.array(sorted(set(range(len(val))) - held_out))
-    smallest_group = np.bincount(val.group.numpy()[fit_rows]).min()
-    assert len(spy.fits) == 2 + 2
-    for z, y in spy.fits:
+    standardize = algorithm.standardize
+    assert len(spy.fits) == 1 + 2  # the one setting scored, then refit as an ensemble of two
+    for i, (z, y) in enumerate(spy.fits):
         assert np.bincount(y).tolist() == np.bincount(train_y).tolist(), "not fit on the training labels"
-        partners = val_rows(dataset, (z - (1 - s) * per_class[y].astype(np.float64)) / s)
+        own = standardize(per_class[y].astype(np.float64))
+        partners = val_rows(dataset, (z - (1 - s) * own) / s, standardize)
         assert (val.y.numpy()[partners] == y).all(), "an embedding was mixed with another class's"
-        assert not held_out & set(partners.tolist()), "mixed with a held-out validation row"
-        # A balanced subsample holds `smallest_group` rows of each group: no group can supply more partners.
+        rows = fit_rows if i == 0 else np.arange(len(val))
+        assert set(partners.tolist()) <= set(rows.tolist()), "mixed with a validation row outside its part"
+        # A balanced subsample holds the smallest group's count of each group: no group supplies more partners.
+        smallest_group = np.bincount(val.group.numpy()[rows]).min()
         assert np.bincount(val.group.numpy()[np.unique(partners)]).max() <= smallest_group, "partners not balanced"

@@ -81,6 +81,8 @@ def test_the_cli_draws_and_refuses_bad_input_in_one_line(tmp_path, sweep_env, di
     rows = [line.split() for line in capped.splitlines() if line.strip().startswith(("3 ", "7 ", "15 "))]
     assert [(r[0], r[-1]) for r in rows] == [("3", "0.48"), ("7", "0.24"), ("15", "0.12")], capped
     assert "NOT the protocol's budget" in capped and "  max_steps_per_epoch    '150'" in capped  # as --set gave it
+    jtt = cli(["space", "show", "jtt", "--dataset", "spuco-digits"], capsys).stdout
+    assert "jtt: an epoch covers the upsampled set" in jtt and "jtt: an epoch" not in shown.stdout
     for args, expected in ((["space", "draw", "dann", "--set", "penalty=x"], "--set penalty: expected float"),
                            (["space", "show", "nope"], "nope.yaml: file: expected an existing YAML file"),
                            (["space", "draw", "erm", "--trials", "0"], "--trials")):

@@ -15,11 +15,11 @@ from raybench.data.base import MIN_GROUP_EXAMPLES, warn_small_groups
 from conftest import require_system_package
 
 # Sizes the module docstring promises; written out so a change to the constants is noticed.
-DOCUMENTED_SIZES = {"train": 50_000, "val": 30_000, "test": 2_500}
+DOCUMENTED_SIZES = {"train": 50_000, "val": 12_500, "test": 2_500}
 # spuco-fashion: all 70,000 Fashion-MNIST images, each rendered once (train file 80/20 into train/val).
 FASHION_SIZES = {"train": 48_000, "val": 12_000, "test": 10_000}
-# Per class in train and val: (majority, each of the 4 minority groups); test: every group.
-FASHION_GROUPS = {"train": (9_552, 12), "val": (2_388, 3)}
+# Per class in train and val: (majority, each of the 4 minority groups); val is group-balanced; test: every group.
+FASHION_GROUPS = {"train": (9_552, 12), "val": (480, 480)}
 FASHION_TEST_PER_GROUP = 400
 # Before the whole-file sizes (6,000 / 1,000 / 200): a cache written with them must not be reused.
 OLD_FASHION_SIZES = spuco.SpuCoSizes(train_per_class=6_000, val_per_class=1_000, test_per_group=200)
@@ -79,9 +79,10 @@ def test_default_dataset_has_documented_sizes_groups_and_declarations(dataset: S
     for k in range(5):
         assert counts["train"][k, k] == 9_950
         assert [int(counts["train"][k, c]) for c in range(5) if c != k] == [13, 13, 12, 12]
-        assert counts["val"][k, k] == 5_970
-        assert [int(counts["val"][k, c]) for c in range(5) if c != k] == [8, 8, 7, 7]
+    # SpuCoMNIST's val: group-balanced, 500 of every group (its own about 480), stated in the build's info.
+    assert torch.equal(counts["val"], torch.full((5, 5), 500))
     assert torch.equal(counts["test"], torch.full((5, 5), 100))
+    assert dataset.info["groups"] == "train 25 groups of 12 to 9,950; val 25 groups of 500; test 25 groups of 100"
     views = dataset.views.weak(dataset.split("test").x[:4])
     assert views.shape == (4, 3, 16, 16) and views.dtype == torch.float32
 
@@ -333,8 +334,9 @@ def test_missing_fashion_files_name_the_path_and_the_apt_package(tmp_path: Path,
 
 
 def test_small_validation_groups_are_named_in_one_warning_line(tmp_path: Path, capsys) -> None:
-    # SMALL: round(800 x 0.005) = 4 validation minority examples per class, one per minority group.
-    ds = spuco.build_spuco("spuco-digits", spuco.SpuCoSettings(), tmp_path, 0, sizes=SMALL, name="tiny-spuco")
+    # SMALL, val correlated: round(800 x 0.005) = 4 validation minority examples per class, one per minority group.
+    correlated = spuco.SpuCoSettings(val_strength=spuco.DEFAULT_STRENGTH)
+    ds = spuco.build_spuco("spuco-digits", correlated, tmp_path, 0, sizes=SMALL, name="tiny-spuco")
     lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(lines) == 1
     line = lines[0]
@@ -350,7 +352,8 @@ def test_small_validation_groups_are_named_in_one_warning_line(tmp_path: Path, c
 def test_big_enough_validation_groups_build_silently(tmp_path: Path, capsys) -> None:
     # round(8,000 x 0.005) = 40 validation minority examples per class: exactly 10 per minority group.
     sizes = spuco.SpuCoSizes(train_per_class=1_000, val_per_class=8_000, test_per_group=8)
-    ds = spuco.build_spuco("spuco-digits", spuco.SpuCoSettings(), tmp_path, 0, sizes=sizes)
+    correlated = spuco.SpuCoSettings(val_strength=spuco.DEFAULT_STRENGTH)
+    ds = spuco.build_spuco("spuco-digits", correlated, tmp_path, 0, sizes=sizes)
     assert int(torch.bincount(ds.split("val").group).min()) == MIN_GROUP_EXAMPLES
     assert "warning" not in capsys.readouterr().err
 

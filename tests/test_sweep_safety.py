@@ -125,11 +125,20 @@ def test_summary_counts_only_the_numbers_it_averages():
 
 
 def test_blind_trials_are_named_in_the_summary():
-    ok = {"status": "ok", "selection_blind": False}
+    ok = {"status": "ok", "selection_blind": False, "selection_value": 0.5}
     blind = {"status": "ok", "selection_blind": True}
-    assert results.blindness([ok, ok]) is None
+    assert results.blindness([ok, {**ok, "selection_value": 0.7}]) is None
     assert results.blindness([ok, blind]) == f"1 of 2 trials: {results.BLIND}"
     assert results.blindness([blind, blind]) == f"every trial's {results.BLIND}"
+
+
+def test_trials_that_all_score_the_same_make_the_search_blind():
+    """Each trial's epochs may be well chosen, yet if every trial ties, the search kept the first by order."""
+    tied = [{"status": "ok", "selection_value": 0.0}] * 3 + [{"status": "failed", "selection_value": None}]
+    assert results.blindness(tied) == ("all 3 trials scored the same selection value (0.0000): choosing among them "
+                                       "is blind")
+    assert results.blindness(tied[:1]) is None  # one trial: nothing to choose between
+    assert results.blindness([*tied, {"status": "ok", "selection_value": 0.25}]) is None
 
 
 def test_a_trial_whose_selection_metric_never_moves_is_tagged_blind(tmp_path, ray_head):

@@ -100,15 +100,21 @@ class SamplingPlan:
     - `weights`: importance sampling with replacement, P(i) proportional to weights[i] (Spare);
     - `indices`: a multiset of example indices (JTT's upsampled set), drawn without replacement in a
       fresh random order each epoch.
+    `epoch_examples`, when set, is how many examples one epoch covers instead of |train| (JTT: the whole
+    upsampled set, as SpuCo's CustomSampleERM iterates its sampler's indices); the trainer sizes the
+    round's epochs, schedule and planned budget from it, so the extra compute shows in the budget.
     """
 
     balance_by: Optional[Tensor] = None
     weights: Optional[Tensor] = None
     indices: Optional[Tensor] = None
+    epoch_examples: Optional[int] = None
 
     def __post_init__(self) -> None:
         if sum(v is not None for v in (self.balance_by, self.weights, self.indices)) != 1:
             raise ValueError("a SamplingPlan sets exactly one of balance_by, weights, indices")
+        if self.epoch_examples is not None and self.epoch_examples < 1:
+            raise ValueError(f"epoch_examples: expected None or at least 1, got {self.epoch_examples}")
 
 
 @dataclass
@@ -124,10 +130,13 @@ class StageModel:
 @dataclass(frozen=True)
 class ScoredRows:
     """The rows of an evaluation split an algorithm may be scored on, because it fit something on the others
-    (DFR's last layer on part of `val`); `note` says so in words for the run's `selection_note`."""
+    (DFR's last layer on part of `val`); `note` says so in words for the run's `selection_note`. `model`, when
+    set, is what scores those rows instead of the algorithm's scoring model (DFR: the chosen setting's own
+    fit, as its final head has seen every val row)."""
 
     rows: Tensor
     note: str
+    model: Optional[nn.Module] = None
 
 
 @dataclass
@@ -140,7 +149,8 @@ class RoundContext:
     data-parallel rank draws the same. `train_stage(name, overrides, dataset, identity, use_final)` trains
     an earlier stage (a reference model, a group predictor, a teacher) with the one trainer at the dataset's
     defaults, cached on disk by the hash of its own config so trials that share it train it once;
-    `report_stage(name, metrics, facts)` records a stage that trains nothing (group inference).
+    `report_stage(name, metrics, facts)` records a stage that trains nothing (group inference). `lr`,
+    `weight_decay` and `batch_size` are this run's own, for a stage that shares them (JTT's reference model).
     """
 
     round: int
@@ -154,6 +164,9 @@ class RoundContext:
     dataset: Optional[ShiftDataset] = None
     train_stage: Optional[Callable[..., StageModel]] = None
     report_stage: Optional[Callable[[str, Mapping[str, float], Mapping[str, str]], None]] = None
+    lr: Optional[float] = None
+    weight_decay: Optional[float] = None
+    batch_size: Optional[int] = None
 
 
 def masked_bce(outputs: Tensor, y: Tensor) -> Tensor:
@@ -219,6 +232,9 @@ class Algorithm(nn.Module, ABC):
     # replace it on civilcomments and amazon there. The paper's text names no schedule for these methods; the code
     # is followed.
     default_scheduler: ClassVar[Optional[str]] = None
+    # What a budget planned before the run cannot know (JTT: its epochs cover an upsampled set whose size the
+    # reference stage decides); `space show` prints it under the budget table. None: the plan is exact.
+    budget_note: ClassVar[Optional[str]] = None
 
     @classmethod
     def requirements(cls, hparams: Hparams) -> frozenset[str]:

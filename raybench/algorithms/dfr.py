@@ -1,6 +1,7 @@
 """DFR: keep a trained ERM featurizer, refit only the last layer on group-balanced validation embeddings."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -22,8 +23,8 @@ DEFAULT_C_GRID = "1.0,0.7,0.3,0.1,0.07,0.03,0.01"  # SpuCo App. B
 
 @dataclass
 class DFRHparams(ReferenceHparams):
-    reference_epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="T_r; none: the full ERM run "
-                                                                               "(SpuCo: no early stopping)")
+    reference_epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="T_r; none: the full ERM run at the "
+                                                                               "dataset's epochs (SpuCo: no early stopping)")
     # DFR's only searched settings are its ERM model's (SpuCo App. C grid): C is chosen inside.
     reference_lr: Optional[float] = setting(None, allowed=POSITIVE, suggest=Suggest.choice(0.01, 0.001, 0.0001),
                                             help="the ERM model's lr; none: the dataset's")
@@ -31,11 +32,11 @@ class DFRHparams(ReferenceHparams):
                                                       suggest=Suggest.choice(0.01, 0.005, 0.0005, 0.0001),
                                                       help="the ERM model's weight decay; none: the dataset's")
     c_grid: str = setting(DEFAULT_C_GRID, help="inverse l1 strengths tried (comma-separated); the best on the "
-                                               "held-out half is used")
-    n_ensemble: int = setting(10, allowed=AT_LEAST_ONE, help="l1 logistic regressions averaged, each fit on a "
-                                                             "group-balanced subsample")
-    tune_fraction: float = setting(0.5, allowed=OPEN_FRACTION, help="share of the validation split the head is fit "
-                                                                    "on; the rest chooses C and the trial")
+                                               "held-out part is used")
+    n_ensemble: int = setting(20, allowed=AT_LEAST_ONE, help="l1 logistic regressions averaged in the final head, "
+                                                             "each fit on a group-balanced subsample (SpuCo: 20)")
+    tune_fraction: float = setting(0.5, allowed=OPEN_FRACTION, help="share of the validation split each setting is "
+                                                                    "fit on; the rest scores it")
 
     def __post_init__(self) -> None:
         parse_grid(self.c_grid, "c_grid")
@@ -52,23 +53,43 @@ class LinearHead:
         return z @ self.weight.T + self.bias
 
 
+@dataclass
+class Standardizer:
+    """Per-feature standardisation fit once on the training split's embeddings and shared by every fit, as
+    SpuCo's scripts pass `data_for_scaler=trainset` (a feature constant there gets scale 1, as scikit-learn)."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+
+    @classmethod
+    def fit(cls, z: np.ndarray) -> "Standardizer":
+        from sklearn.preprocessing import StandardScaler  # here: scikit-learn costs seconds in every Ray worker
+
+        scaler = StandardScaler().fit(z)
+        return cls(scaler.mean_, scaler.scale_)
+
+    def __call__(self, z: np.ndarray) -> np.ndarray:
+        return (z - self.mean) / self.scale
+
+    def fold(self, head: LinearHead) -> LinearHead:
+        """The head on raw embeddings that computes `head` on standardised ones: (W / sigma, b - W mu / sigma)."""
+        weight = head.weight / self.scale
+        return LinearHead(weight, head.bias - weight @ self.mean)
+
+
 def fit_l1_logistic(z: np.ndarray, y: np.ndarray, c: float, n_classes: int, seed: int) -> LinearHead:
-    """scikit-learn's l1 logistic regression (liblinear, one-vs-rest as in DFR's code) on standardised
-    embeddings, folded back into one linear layer (W / sigma, b - W mu / sigma), so the model's head
-    computes exactly the fitted decision function."""
+    """scikit-learn's l1 logistic regression (liblinear, one-vs-rest as in SpuCo's and DFR's code) as one
+    linear layer over `z`."""
     from sklearn.linear_model import LogisticRegression  # here: scikit-learn costs seconds in every Ray worker
     from sklearn.multiclass import OneVsRestClassifier
-    from sklearn.preprocessing import StandardScaler
 
-    scaler = StandardScaler().fit(z)
     model = OneVsRestClassifier(LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", random_state=seed))
-    model.fit(scaler.transform(z), y)
+    model.fit(z, y)
     weight, bias = np.zeros((n_classes, z.shape[1])), np.zeros(n_classes)
     rows = model.classes_[1:] if len(model.classes_) == 2 else model.classes_  # binary: one model scores class 1
     for row, estimator in zip(rows, model.estimators_):
         weight[row], bias[row] = estimator.coef_[0], estimator.intercept_[0]
-    scale = scaler.scale_
-    return LinearHead(weight / scale, bias - (weight / scale) @ scaler.mean_)
+    return LinearHead(weight, bias)
 
 
 def balanced_subsample(group: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -82,19 +103,44 @@ def average_heads(heads: list[LinearHead]) -> LinearHead:
     return LinearHead(np.mean([h.weight for h in heads], axis=0), np.mean([h.bias for h in heads], axis=0))
 
 
+@dataclass
+class ScoredSetting:
+    """One candidate of the inner grid: its held-out worst-group accuracy and the head that earned it."""
+
+    score: float
+    setting: dict[str, float]
+    head: LinearHead
+
+
+def blind_grid_note(candidates: list[ScoredSetting]) -> Optional[str]:
+    """A line when every candidate of a grid of two or more scored the same: choosing among them chose nothing."""
+    scores = {c.score for c in candidates}
+    if len(candidates) < 2 or len(scores) > 1:
+        return None
+    return (f"all {len(candidates)} last-layer settings scored the same held-out worst-group accuracy "
+            f"({scores.pop():.4f}): selection is blind")
+
+
 @register("dfr")
 class DFR(Algorithm):
     """DFR (Kirichenko et al., 2022; SpuCo Sec. 3.1.3, App. B): refit the last layer on group-balanced validation data.
 
     Stages:
-      1. reference: ERM (all epochs, weights after the last);
-      2. last_layer: with the featurizer f frozen, embeddings z = f(x) of the group-labeled validation split,
-         partitioned (stratified by group) into a fit part (`tune_fraction`) and a held-out rest; for each C
-         in `c_grid`, average `n_ensemble` l1 logistic regressions fit on group-balanced subsamples of the
-         fit part and score worst-group accuracy on the held-out rest; the best C's head becomes g.
-    Nothing is trained by gradient descent afterwards: the trainer evaluates the refitted model once, on
-    `val` scoring only the held-out rows (`scored_rows`), so the sweep selects on data the head never saw.
-    (The paper refits on all of `val` after choosing C; here those rows would then score their own fit.)
+      1. reference: ERM for the dataset's epochs, weights after the last (SpuCo: no early stopping);
+      2. last_layer: with the featurizer f frozen, embeddings z = f(x), standardised with the training split's
+         mean and scale; the group-labeled validation split (group-balanced on SpuCoMNIST) is partitioned,
+         stratified by group, into a fit part (`tune_fraction`) and a held-out rest. Each C in `c_grid` is
+         scored by one l1 logistic regression fit on a group-balanced subsample of the fit part, by its
+         worst-group accuracy on the held-out rest; the best C (ties: the first) is then refit on all of val,
+         `n_ensemble` regressions on group-balanced subsamples averaged into the head g.
+    As SpuCo's code does (last_layer_retrain/dfr.py: `hyperparam_selection` scores one `train_single_model`
+    per C on a random half, `train` then averages `n_lin_models` = 20 on all the labeled data; its scripts
+    fit the scaler on the training set). The paper's text says only "tunable l1 regularization".
+
+    Nothing is trained by gradient descent afterwards: the trainer evaluates the refitted model once. Its
+    `val` metrics are the chosen C's own model on the held-out rows (`scored_rows`): the final head has seen
+    every val row, so those rows are what the sweep can select trials on without scoring a fit on itself.
+    A grid whose candidates all scored the same is reported as a blind selection.
     """
 
     Hparams = DFRHparams
@@ -104,77 +150,117 @@ class DFR(Algorithm):
 
     def __init__(self, model: FeaturizerHead, hparams: DFRHparams, context: AlgorithmContext) -> None:
         super().__init__(model, hparams, context)
-        self.held_out = torch.empty(0, dtype=torch.long)  # rows of `val` the head was not fit on
+        self.held_out = torch.empty(0, dtype=torch.long)  # rows of `val` the chosen setting's model never saw
+        self.selection_head: Optional[LinearHead] = None  # that model's head, on raw embeddings
+        self._selection_model: Optional[nn.Module] = None
+        self.standardize = Standardizer(np.zeros(0), np.ones(0))  # fit on the training embeddings in begin_round
 
     def get_extra_state(self) -> dict[str, Any]:
-        return {"held_out": self.held_out}
+        head = self.selection_head
+        return {"held_out": self.held_out,
+                "selection_head": None if head is None else (torch.from_numpy(head.weight), torch.from_numpy(head.bias))}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.held_out = state["held_out"]
+        head = state.get("selection_head")
+        self.selection_head = None if head is None else LinearHead(head[0].numpy(), head[1].numpy())
+        self._selection_model = None
 
     def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
         loss = self.supervised_loss(self.model(self.view(labeled.x, False)), labeled.y)
         return StepOutput(loss, {"loss/supervised": loss.detach()})
 
     def scored_rows(self) -> Mapping[str, ScoredRows]:
-        if len(self.held_out) == 0:  # before the head is fit
+        if len(self.held_out) == 0 or self.selection_head is None:  # before the head is fit
             return {}
-        n = len(self.held_out)
-        if self.hparams.tune_fraction == 0.5:
-            note = f"val metrics on the held-out half of val (n={n}); the other half fit the last layer"
-        else:
-            note = f"val metrics on the {n} held-out rows of val; the other {self.hparams.tune_fraction:.0%} fit the last layer"
-        return {"val": ScoredRows(self.held_out, note)}
+        n, share = len(self.held_out), self.hparams.tune_fraction
+        note = (f"val metrics: the chosen setting's model, fit on {share:.0%} of val, scored on the held-out "
+                f"{n} rows; the final head is refit on all of val")
+        return {"val": ScoredRows(self.held_out, note, model=self.selection_model())}
+
+    def selection_model(self) -> nn.Module:
+        """The model with the selection head in place of the final one (built once, then reused)."""
+        if self._selection_model is None:
+            model = copy.deepcopy(self.model)
+            self.write_head(model, self.selection_head)
+            self._selection_model = model
+        return self._selection_model
 
     def begin_round(self, context: RoundContext) -> dict[str, str]:
-        assert context.split is not None and context.report_stage is not None
+        assert context.split is not None and context.train is not None and context.report_stage is not None
         reference = train_reference(context, self.hparams)
         self.model.load_state_dict(reference.model.state_dict())
-        self.prepare(context)
+        train_z = self.embed(context, context.train)
+        self.standardize = Standardizer.fit(train_z)
+        self.prepare(context, self.standardize(train_z))
         val = context.split("val")
         assert val.y is not None
-        z, y, group = self.embed(context, val), val.y.numpy(), val.group.numpy()
+        z, y, group = self.standardize(self.embed(context, val)), val.y.numpy(), val.group.numpy()
         fit, held_out = (i.numpy() for i in split_halves(val, self.hparams.tune_fraction, context.seed))
-        scores = [(self.score(z, y, group, fit, held_out, setting, context.seed), setting) for setting in self.settings()]
-        best_score, best = max(scores, key=lambda pair: pair[0])  # ties: the first in grid order
-        self.set_head(self.fit_ensemble(z[fit], y[fit], group[fit], best, context.seed))  # the head never sees held_out
+        candidates = [self.score(z, y, group, fit, held_out, setting, context.seed) for setting in self.settings()]
+        best = max(candidates, key=lambda c: c.score)  # ties: the first in grid order
+        final = self.fit_ensemble(z, y, group, best.setting, context.seed)  # every val row, as SpuCo refits
+        self.set_head(self.standardize.fold(final))
+        self.selection_head, self._selection_model = self.standardize.fold(best.head), None
         self.held_out = torch.as_tensor(held_out, dtype=torch.long)
-        context.report_stage("last_layer", {**{f"best_{k}": v for k, v in best.items()}, "heldout_worst_group_acc": best_score},
-                             {"scores": str([(round(sc, 4), st) for sc, st in scores]), "reference": reference.key})
-        return {"reference_model": reference.key, **{f"best_{k}": str(v) for k, v in best.items()}}
+        blind = blind_grid_note(candidates)
+        context.report_stage("last_layer", {**{f"best_{k}": v for k, v in best.setting.items()},
+                                            "heldout_worst_group_acc": best.score},
+                             {"scores": str([(round(c.score, 4), c.setting) for c in candidates]),
+                              "reference": reference.key, **({"selection_blind": blind} if blind else {})})
+        facts = {"reference_model": reference.key, **{f"best_{k}": str(v) for k, v in best.setting.items()}}
+        return {**facts, **({"selection_blind": blind} if blind else {})}
 
-    def prepare(self, context: RoundContext) -> None:
-        """Anything the fits need beyond the validation embeddings (Dispel: the training embeddings)."""
+    def prepare(self, context: RoundContext, train_z: np.ndarray) -> None:
+        """Anything the fits need beyond the validation embeddings, given the standardised training ones
+        (Dispel mixes them)."""
 
     def embed(self, context: RoundContext, split: Split) -> np.ndarray:
         return context.predict(self.model.featurizer, split, self.context.views.plain).double().numpy()
 
     def settings(self) -> list[dict[str, float]]:
-        """The grid chosen from on the held-out validation half."""
+        """The grid chosen from on the held-out validation part."""
         return [{"c": c} for c in parse_grid(self.hparams.c_grid, "c_grid")]
 
     def score(self, z: np.ndarray, y: np.ndarray, group: np.ndarray, fit: np.ndarray, held_out: np.ndarray,
-              setting: dict[str, float], seed: int) -> float:
-        head = self.fit_ensemble(z[fit], y[fit], group[fit], setting, seed)
+              setting: dict[str, float], seed: int) -> ScoredSetting:
+        """One model fit on a group-balanced subsample of the fit part, scored on the held-out rows."""
+        rng = np.random.default_rng(seed)
+        index = fit[balanced_subsample(group[fit], rng)]
+        head = self.fit_member(z[index], y[index], setting, rng, seed)
         predictions = torch.from_numpy(head.logits(z[held_out]))
-        return worst_group_accuracy(predictions, torch.from_numpy(y[held_out]), torch.from_numpy(group[held_out]))
+        score = worst_group_accuracy(predictions, torch.from_numpy(y[held_out]), torch.from_numpy(group[held_out]))
+        return ScoredSetting(score, setting, head)
 
     def fit_ensemble(self, z: np.ndarray, y: np.ndarray, group: np.ndarray, setting: dict[str, float],
                      seed: int) -> LinearHead:
+        """`n_ensemble` members averaged, each fit on a group-balanced subsample. When every group is already the
+        same size (a group-balanced val, as SpuCoMNIST's), each subsample is the whole set: the members would all
+        fit the same rows, so one fit stands for them (an l1 fit of 12,500 rows takes minutes on one core)."""
         rng = np.random.default_rng(seed)
+        members = 1 if self.members_see_the_same_rows(group) else self.hparams.n_ensemble
         heads = []
-        for member in range(self.hparams.n_ensemble):
+        for member in range(members):
             index = balanced_subsample(group, rng)
             heads.append(self.fit_member(z[index], y[index], setting, rng, seed + member))
         return average_heads(heads)
+
+    def members_see_the_same_rows(self, group: np.ndarray) -> bool:
+        """Whether every member's balanced subsample is all of `group`'s rows (Dispel's members still differ:
+        each mixes its own draw of training embeddings)."""
+        return len(set(np.unique(group, return_counts=True)[1].tolist())) == 1
 
     def fit_member(self, z: np.ndarray, y: np.ndarray, setting: dict[str, float], rng: np.random.Generator,
                    seed: int) -> LinearHead:
         return fit_l1_logistic(z, y, setting["c"], self.context.task.n_outputs, seed)
 
     def set_head(self, head: LinearHead) -> None:
-        linear = self.model.head
-        assert isinstance(linear, nn.Linear), "DFR refits a plain linear head"
+        self.write_head(self.model, head)
+
+    @staticmethod
+    def write_head(model: nn.Module, head: Optional[LinearHead]) -> None:
+        linear = model.head
+        assert isinstance(linear, nn.Linear) and head is not None, "DFR refits a plain linear head"
         with torch.no_grad():
             linear.weight.copy_(torch.as_tensor(head.weight, dtype=linear.weight.dtype))
             linear.bias.copy_(torch.as_tensor(head.bias, dtype=linear.bias.dtype))

@@ -18,8 +18,7 @@ class DispelHparams(DFRHparams):
     s_grid: str = setting("1.0,0.9,0.8,0.7", help="mixing weights tried (comma-separated, each in [0, 1]; SpuCo "
                                                   "App. B), chosen with C on the held-out half")
     n_mixed: int = setting(1000, allowed=AT_LEAST_ONE, help="training embeddings mixed per ensemble member")
-    n_ensemble: int = setting(5, allowed=AT_LEAST_ONE, help="heads averaged; C x s settings make Dispel's grid 4x "
-                                                            "DFR's")
+    n_ensemble: int = setting(20, allowed=AT_LEAST_ONE, help="heads averaged in the final head (SpuCo: 20)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,18 +45,24 @@ class Dispel(DFR):
       2. last_layer: each ensemble member takes a group-balanced validation subsample B and `n_mixed`
          training embeddings z (their group labels unused), mixes every z with a same-class z' from B into
          s z' + (1 - s) z, and fits an l1 logistic regression on the mixed embeddings with the labels of z.
-         C and s are chosen together on the held-out validation half; the head averages the members.
+         C and s are chosen together, each pair scored by one member fit on the validation fit part and
+         scored on the held-out rest; the chosen pair is refit on all of val and the head averages
+         `n_ensemble` members (SpuCo last_layer_retrain/dispel.py: one model per (s, C) in
+         `hyperparam_selection`, then `train_multiple_model` with n_lin_models = 20 on all labeled data).
     """
 
     Hparams = DispelHparams
 
-    def prepare(self, context: RoundContext) -> None:
+    def prepare(self, context: RoundContext, train_z: np.ndarray) -> None:
         assert context.train is not None and context.train.y is not None
-        self.pool_z, self.pool_y = self.embed(context, context.train), context.train.y.numpy()
+        self.pool_z, self.pool_y = train_z, context.train.y.numpy()
 
     def settings(self) -> list[dict[str, float]]:
         grid = itertools.product(parse_grid(self.hparams.c_grid, "c_grid"), parse_grid(self.hparams.s_grid, "s_grid"))
         return [{"c": c, "s": s} for c, s in grid]
+
+    def members_see_the_same_rows(self, group: np.ndarray) -> bool:
+        return False  # each member mixes its own draw of training embeddings
 
     def fit_member(self, z: np.ndarray, y: np.ndarray, setting: dict[str, float], rng: np.random.Generator,
                    seed: int) -> LinearHead:

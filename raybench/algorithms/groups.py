@@ -30,12 +30,20 @@ class ReferenceHparams(Hparams):
                                                                                        "decay; none: the dataset's")
 
 
-def train_reference(context: RoundContext, hparams: ReferenceHparams) -> StageModel:
-    """The reference ERM model after its last epoch (JTT and Spare read it at T_r, not at its best epoch)."""
+def train_reference(context: RoundContext, hparams: ReferenceHparams, follow_run: bool = False) -> StageModel:
+    """The reference ERM model after its last epoch (JTT and Spare read it at T_r, not at its best epoch).
+
+    An unset `reference_lr` / `reference_weight_decay` is the dataset's, or this run's own when `follow_run`
+    (JTT, whose two stages share their hyperparameters in SpuCo: its batch size too)."""
     assert context.train_stage is not None
     overrides: dict[str, Any] = {"algorithm": "erm", "patience": None}
-    for key, value in (("epochs", hparams.reference_epochs), ("lr", hparams.reference_lr),
-                       ("weight_decay", hparams.reference_weight_decay)):
+    lr, weight_decay = hparams.reference_lr, hparams.reference_weight_decay
+    if follow_run:
+        lr = context.lr if lr is None else lr
+        weight_decay = context.weight_decay if weight_decay is None else weight_decay
+        if context.batch_size is not None:
+            overrides["batch_size"] = context.batch_size
+    for key, value in (("epochs", hparams.reference_epochs), ("lr", lr), ("weight_decay", weight_decay)):
         if value is not None:
             overrides[key] = value
     return context.train_stage("reference", overrides)

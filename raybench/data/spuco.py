@@ -37,21 +37,25 @@ Noise (train split only, exact counts, each from its own seeded generator):
     (SpuCo's code adds N(0, 1) noise to the whole image instead, which also blurs the spurious feature.)
 
 Splits (ShiftDataset names; no id_val/id_test, no unlabeled splits):
-  - `train`: correlated at `strength`; `val`: group-labeled, same correlation; `test`: group-balanced
-    (SpuCoMNIST's loader does the same when given a strength for val; SpuCo's own SpuCoMNIST scripts pass
-    none, which makes their val group-balanced);
+  - `train`: correlated at `strength`; `val`: group-labeled and group-balanced by default (`val_strength`
+    0): every class shows each colour equally often, as SpuCoMNIST colours its val when given no strength,
+    which is what SpuCo's own SpuCoMNIST scripts do (their logs show val groups of 450-507 images;
+    spuco_mnist.py, `split == VAL_SPLIT and spurious_correlation_strength == 0`); `test`: group-balanced.
+    Selection on worst-group accuracy needs every val group large enough for its accuracy to move: with
+    a correlated val, 3-8 images a minority group, it stayed 0 at nearly every epoch. The variant
+    `<base>-correlated-val` keeps a val correlated like train (`val_strength` = `strength`), as SpuCoAnimals
+    and Waterbirds keep theirs; its build warns that worst-group selection on it is coarse or blind.
   - spuco-digits (S = 16): `sklearn.datasets.load_digits`, 1,797 8x8 images (exact duplicates dropped),
     bilinearly upsampled to 16 x 16; train 5 x 10,000 = 50,000 (50 minority examples per class, 12-13 per
-    minority group), val 5 x 6,000 = 30,000 (7-8 per minority group), test 25 x 100 = 2,500.
+    minority group), val 5 x 2,500 = 12,500 (500 per group), test 25 x 100 = 2,500.
   - spuco-fashion (S = 28): all of Fashion-MNIST, as SpuCoMNIST uses all of MNIST: the 60,000 images of its
     train file go 80 / 20 % into the train / val pools (4,800 / 1,200 per label), the 10,000 of its test file
     into the test pool (1,000 per label), read from /usr/share/datasets/fashion-mnist (or
     $RAYBENCH_FASHION_MNIST_DIR). Every pool is rendered whole, each image once: train 5 x 9,600 = 48,000
-    (per class 9,552 majority and 48 minority, 12 per minority group), val 5 x 2,400 = 12,000 (2,388 and 12,
-    3 per minority group), test 25 x 400 = 10,000. Ten validation examples per minority group would take
-    8,000 validation images per class at strength 0.995, more than the train file holds.
-  - validation groups under `MIN_GROUP_EXAMPLES` (raybench.data.base; both defaults above have them) make
-    the build print one warning line naming them: worst-group selection on them is coarse or blind.
+    (per class 9,552 majority and 48 minority, 12 per minority group), val 5 x 2,400 = 12,000 (480 per
+    group; correlated: 2,388 and 12, 3 per minority group), test 25 x 400 = 10,000.
+  - every build prints one stderr line with each split's group sizes (also the dataset's info["groups"]);
+    validation groups under `MIN_GROUP_EXAMPLES` (raybench.data.base) add a warning line naming them.
 
 Disjointness and expansion: exact-duplicate base images are dropped, then the base images are partitioned
 per original label, with a seeded permutation, into disjoint train / val / test pools (`BaseSpec.pool_plan`:
@@ -97,6 +101,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
@@ -135,6 +140,7 @@ MAGNITUDE_SIDES: dict[str, int] = {"large": 28, "medium": 4, "small": 2}  # soli
 VARIANCE_PATCH_SIDE = 7  # N = 7 x 7 spurious pixels at 28 px under every variance preset
 VARIANCE_BOX_SIDES: dict[str, int] = {"low": 7, "medium": 14, "high": 28}  # box side m at 28 px
 DEFAULT_STRENGTH = 0.995
+BALANCED = 0.0  # a split's strength for "no correlation": every colour equally often in every class
 
 ROTATION_DEG = 10.0
 SCALE_RANGE = (0.9, 1.1)
@@ -170,6 +176,8 @@ class SpuCoSettings:
     strength: float = DEFAULT_STRENGTH
     label_noise: float = 0.0
     feature_noise: float = 0.0
+    val_strength: float = BALANCED
+
 
     def __post_init__(self) -> None:
         if self.magnitude not in MAGNITUDE_SIDES:
@@ -179,6 +187,8 @@ class SpuCoSettings:
             raise ValueError(f"variance: expected None or one of {options}, got {self.variance!r}")
         if not 0.0 < self.strength <= 1.0:
             raise ValueError(f"strength: expected a share in (0, 1], got {self.strength!r}")
+        if not 0.0 <= self.val_strength <= 1.0:
+            raise ValueError(f"val_strength: expected 0 (group-balanced) or a share in (0, 1], got {self.val_strength!r}")
         for key in ("label_noise", "feature_noise"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"{key}: expected a fraction in [0, 1], got {getattr(self, key)!r}")
@@ -191,9 +201,14 @@ class SpuCoSettings:
         n_side = scaled_side(VARIANCE_PATCH_SIDE, image_size)
         return n_side * n_side, scaled_side(VARIANCE_BOX_SIDES[self.variance], image_size)
 
+    def strength_of(self, split: str) -> float:
+        """The split's correlation strength; BALANCED (0) for a group-balanced split."""
+        return {"train": self.strength, "val": self.val_strength}.get(split, BALANCED)
+
     def describe(self) -> str:
         spurious = f"variance {self.variance}" if self.variance else f"magnitude {self.magnitude}"
-        return (f"{spurious}, strength {self.strength}, label noise {self.label_noise:g}, "
+        val = "group-balanced val" if self.val_strength == BALANCED else f"val strength {self.val_strength}"
+        return (f"{spurious}, strength {self.strength}, {val}, label noise {self.label_noise:g}, "
                 f"feature noise {self.feature_noise:g}")
 
 
@@ -312,7 +327,8 @@ BASES: dict[str, BaseSpec] = {
         BaseSpec(
             name="spuco-digits", image_size=DIGITS_IMAGE_SIZE, load=load_digits_base,
             pool_plan={"all": {"train": 0.6, "val": 0.2, "test": 0.2}},
-            sizes=SpuCoSizes(train_per_class=10_000, val_per_class=6_000, test_per_group=100),
+            # val: 500 a group, about SpuCoMNIST's 480 (its 12,000 val images over 25 groups).
+            sizes=SpuCoSizes(train_per_class=10_000, val_per_class=2_500, test_per_group=100),
             description="scikit-learn's 8x8 digits upsampled to 16x16", defaults=SPUCO_DEFAULTS,
         ),
         BaseSpec(
@@ -364,18 +380,36 @@ def correlated_counts(n_class: int, strength: float, split: str) -> list[int]:
     return [n_class - n_minority] + [share + (1 if i < extra else 0) for i in range(N_COLOURS - 1)]
 
 
-def group_counts(split: str, sizes: SpuCoSizes, strength: float) -> Tensor:
-    """(class, colour) -> number of examples: correlated for train and val, group-balanced for test."""
-    correlated_per_class = {"train": sizes.train_per_class, "val": sizes.val_per_class}
-    if split not in correlated_per_class:
+def balanced_counts(n_class: int) -> list[int]:
+    """One class's count per colour, in colour order, as SpuCoMNIST colours its uncorrelated splits
+    (colour i % 5 of the class's i-th example): n_class // 5 each, the remainder to the first colours."""
+    share, extra = divmod(n_class, N_COLOURS)
+    return [share + (1 if c < extra else 0) for c in range(N_COLOURS)]
+
+
+def group_counts(split: str, sizes: SpuCoSizes, settings: SpuCoSettings) -> Tensor:
+    """(class, colour) -> number of examples: train correlated at `strength`, val at `val_strength` (BALANCED:
+    every colour equally often in each class, SpuCoMNIST's default for val), test `test_per_group` per group."""
+    if split == "test":
         return torch.full((N_CLASSES, N_COLOURS), sizes.test_per_group, dtype=torch.long)
-    counts = correlated_counts(correlated_per_class[split], strength, split)
+    n_class = {"train": sizes.train_per_class, "val": sizes.val_per_class}[split]
+    strength = settings.strength_of(split)
+    if strength == BALANCED:
+        return torch.tensor([balanced_counts(n_class)] * N_CLASSES, dtype=torch.long)
+    counts = correlated_counts(n_class, strength, split)
     others = [[c for c in range(N_COLOURS) if c != k] for k in range(N_CLASSES)]
     table = torch.zeros(N_CLASSES, N_COLOURS, dtype=torch.long)
     for k in range(N_CLASSES):
         table[k, k] = counts[0]
         table[k, others[k]] = torch.tensor(counts[1:])
     return table
+
+
+def describe_counts(counts: Tensor) -> str:
+    """A split's group sizes in one phrase: "25 groups of 500" or "25 groups of 3 to 9,950"."""
+    low, high = int(counts.min()), int(counts.max())
+    size = f"{low:,}" if low == high else f"{low:,} to {high:,}"
+    return f"{counts.numel()} groups of {size}"
 
 
 def draw_layout(counts: Tensor, pool: Tensor, labels: Tensor, g: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
@@ -476,7 +510,7 @@ def render_split(split: str, base: BaseImages, pool: Tensor, spec: BaseSpec, set
     def stream(purpose: str) -> torch.Generator:
         return generator_for(seed, spec.name, split, purpose)
 
-    counts = group_counts(split, sizes, settings.strength)
+    counts = group_counts(split, sizes, settings)
     y_clean, colour, base_index = draw_layout(counts, pool, base.labels, stream("layout"))
     n, noisy = len(y_clean), split in NOISY_SPLITS
     label_noisy = exact_subset(n, settings.label_noise if noisy else 0.0, stream("label-noise-which"))
@@ -517,13 +551,20 @@ def generate(base_name: str, settings: SpuCoSettings, sizes: SpuCoSizes, seed: i
     """All splits as flat arrays named `<split>.<field>`; group-count errors surface before any rendering."""
     spec = base_spec(base_name)
     for split in SPLITS:
-        group_counts(split, sizes, settings.strength)
+        group_counts(split, sizes, settings)
     base = spec.load()
     pools = partition_pools(base, spec.pool_plan, seed, spec.name)
     arrays: dict[str, np.ndarray] = {}
     for split in SPLITS:
         arrays.update(render_split(split, base, pools[split], spec, settings, sizes, seed))
+    print(f"raybench: built {spec.name} ({settings.describe()}): {split_counts_line(sizes, settings)}",
+          file=sys.stderr, flush=True)
     return arrays
+
+
+def split_counts_line(sizes: SpuCoSizes, settings: SpuCoSettings) -> str:
+    """Every split's group sizes, stated whenever a variant is built and kept in the dataset's info."""
+    return "; ".join(f"{split} {describe_counts(group_counts(split, sizes, settings))}" for split in SPLITS)
 
 
 def cache_path(data_dir: Path, base_name: str, settings: SpuCoSettings, sizes: SpuCoSizes, seed: int) -> Path:
@@ -542,7 +583,7 @@ def expected_layout(spec: BaseSpec, settings: SpuCoSettings,
     shapes: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, type] = {}
     for split in SPLITS:
-        n = int(group_counts(split, sizes, settings.strength).sum())
+        n = int(group_counts(split, sizes, settings).sum())
         for name, dtype in SPLIT_FIELDS.items():
             key = f"{split}.{name}"
             shapes[key] = (n, 3, spec.image_size, spec.image_size) if name == "x" else (n,)
@@ -640,7 +681,8 @@ def build_spuco(base_name: str, settings: SpuCoSettings, data_dir: Path, seed: i
         domain_names=COLOUR_NAMES,
         input_shape=(3, size, size),
         description=f"SpuCoMNIST over {spec.description}: 5 classes, colour-spurious ({settings.describe()}).",
-        info={**{split: str(len(s)) for split, s in splits.items()}, "settings": settings.describe()},
+        info={**{split: str(len(s)) for split, s in splits.items()}, "settings": settings.describe(),
+              "groups": split_counts_line(sizes, settings)},
         group_names=GROUP_NAMES,
     )
     warn_small_groups(dataset, "val")
@@ -657,6 +699,8 @@ VARIANTS: dict[str, SpuCoSettings] = {
     **{f"-variance-{v}": SpuCoSettings(variance=v) for v in VARIANCE_BOX_SIDES},
     **{f"-label-noise-{k}": SpuCoSettings(label_noise=f) for k, f in LABEL_NOISE_LEVELS.items()},
     **{f"-feature-noise-{k}": SpuCoSettings(feature_noise=f) for k, f in FEATURE_NOISE_LEVELS.items()},
+    # The validation split correlated like train, as SpuCoAnimals and Waterbirds keep theirs (few minority examples).
+    "-correlated-val": SpuCoSettings(val_strength=DEFAULT_STRENGTH),
 }
 
 

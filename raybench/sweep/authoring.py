@@ -105,6 +105,9 @@ def budget_lines(resolved: ResolvedSpace, dataset: ShiftDataset) -> list[str]:
     if any(float(r["x protocol"]) < 0.9 or float(r["x protocol"]) > 1.1 for r in rows):
         lines.append("  NOT the protocol's budget: a flat max_steps_per_epoch or fixed epochs break the WILDS ratios; "
                      "shorten runs with epoch_fraction instead")
+    note = ALGORITHMS.get(resolved.algorithm).budget_note
+    if note:
+        lines.append(f"  {resolved.algorithm}: {note}")
     return lines
 
 

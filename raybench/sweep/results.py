@@ -150,11 +150,20 @@ def blindness(trials: list[dict[str, Any]]) -> Optional[str]:
     # Trials that ran to their end: one stopped early (ASHA) ended right after a report, before the check.
     finished = [t for t in trials if t["status"] == OK]
     blind = [t for t in finished if t.get("selection_blind")]
-    if not blind:
-        return None
-    if len(blind) == len(finished):
+    if len(blind) == len(finished) and blind:
         return f"every trial's {BLIND}"
-    return f"{len(blind)} of {len(finished)} trials: {BLIND}"
+    if blind:
+        return f"{len(blind)} of {len(finished)} trials: {BLIND}"
+    return tied_trials(finished)
+
+
+def tied_trials(finished: list[dict[str, Any]]) -> Optional[str]:
+    """One line when two or more finished trials all scored the same selection value: the search then kept
+    the first by order, not by merit, however well each trial's own epochs were chosen."""
+    values = [t.get("selection_value") for t in finished]
+    if len(values) < 2 or any(v is None for v in values) or len(set(values)) > 1:
+        return None
+    return f"all {len(values)} trials scored the same selection value ({values[0]:.4f}): choosing among them is blind"
 
 
 def trials_frame(trials: list[dict[str, Any]]) -> pd.DataFrame:

@@ -219,8 +219,9 @@ class TrainConfig:
         except (ValueError, OSError) as err:
             raise ConfigError("model_weights", str(err)) from None
 
-    def epoch_plan(self, dataset: ShiftDataset) -> "EpochPlan":
-        """Batch sizes and steps of one epoch of this (resolved) config on `dataset`, as the trainer runs it."""
+    def epoch_plan(self, dataset: ShiftDataset, epoch_examples: Optional[int] = None) -> "EpochPlan":
+        """Batch sizes and steps of one epoch of this (resolved) config on `dataset`, as the trainer runs it:
+        a pass over the training split, or over `epoch_examples` when the algorithm's sampling says so."""
         algorithm = ALGORITHMS.get(self.algorithm)
         hparams = algorithm.Hparams.from_dict(self.hparams, self.algorithm)
         if algorithm.is_pretext(hparams):  # every row unlabeled, and an epoch is one pass over them
@@ -228,15 +229,16 @@ class TrainConfig:
             steps = epoch_steps(len(dataset.split(self.unlabeled_split)), self.batch_size, None, self.max_steps_per_epoch)
             return EpochPlan(0, self.batch_size, steps, pretext=True)
         labeled, unlabeled = self.batch_sizes(algorithm.uses_unlabeled)
-        steps = epoch_steps(len(dataset.split("train")), labeled, self.epoch_fraction, self.max_steps_per_epoch)
+        examples = epoch_examples or len(dataset.split("train"))
+        steps = epoch_steps(examples, labeled, self.epoch_fraction, self.max_steps_per_epoch)
         return EpochPlan(labeled, unlabeled, steps, pretext=False)
 
-    def budget(self, dataset: ShiftDataset) -> Budget:
+    def budget(self, dataset: ShiftDataset, epoch_examples: Optional[int] = None) -> Budget:
         """What this (resolved) config plans to train, beside what the WILDS rule gives its method at the same
         epoch share (raybench/budget.py): known before any step, so `space show` can print it."""
         algorithm = ALGORITHMS.get(self.algorithm)
         rounds = algorithm.rounds_for(algorithm.Hparams.from_dict(self.hparams, self.algorithm))
-        epoch = self.epoch_plan(dataset)
+        epoch = self.epoch_plan(dataset, epoch_examples)
         n_labeled, epochs = len(dataset.split("train")), int(self.epochs or 1)
         if epoch.pretext:  # a pre-training stage has its own budget: the one it plans
             protocol = epoch.steps * epochs * rounds

@@ -344,6 +344,9 @@ class Trainer:
             dataset=self.dataset,
             train_stage=self.train_stage,
             report_stage=self.report_stage,
+            lr=self.config.lr,
+            weight_decay=self.config.weight_decay,
+            batch_size=self.config.batch_size,
         )
 
     # ----- the loop ---------------------------------------------------------------------------
@@ -361,13 +364,16 @@ class Trainer:
         while True:
             round_index = self.progress.round
             algorithm = self._new_algorithm()
-            optimizer, schedule = self._new_optimizer(algorithm)
             generators = self._generators()
             if resumed is not None:
-                self._restore(resumed, algorithm, optimizer, schedule, generators)
-                resumed = None
+                algorithm.load_state_dict(resumed["algorithm"])
             elif self.progress.epoch == round_index * self.config.epochs:
                 self._info(algorithm.begin_round(self._round_context(round_index)))
+            self._size_epochs(algorithm)
+            optimizer, schedule = self._new_optimizer(algorithm)
+            if resumed is not None:
+                self._restore(resumed, optimizer, schedule, generators)
+                resumed = None
             self._train_round(algorithm, optimizer, schedule, generators, last_round=round_index + 1 >= algorithm.rounds)
             if self.stopped_on_request or self.progress.round + 1 >= algorithm.rounds:
                 break
@@ -376,6 +382,14 @@ class Trainer:
         self._flag_blind_selection()
         self.final_state = _cpu_state(algorithm.model)
         return self._result()
+
+    def _size_epochs(self, algorithm: Algorithm) -> None:
+        """The round's steps per epoch (and planned budget): over |train|, or over the examples the
+        algorithm's sampling plan says an epoch covers (JTT's upsampled set), known once its round began."""
+        plan = None if self.pretext else algorithm.sampling(self.train_split)
+        examples = plan.epoch_examples if plan is not None else None
+        self.steps_per_epoch = self.config.epoch_plan(self.dataset, examples).steps
+        self.budget = self.config.budget(self.dataset, examples)
 
     def _generators(self) -> dict[str, torch.Generator]:
         return {
@@ -498,17 +512,17 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
 
     def _evaluate(self, algorithm: Algorithm) -> dict[str, float]:
-        """Every labeled evaluation split, restricted to the rows the algorithm may be scored on (DFR fits its
-        head on part of `val`: it is scored, and so selected, on the rest only)."""
+        """Every labeled evaluation split, restricted to the rows the algorithm may be scored on (DFR chooses its
+        head on part of `val`: it is scored, and so selected, on the rest only, by the model it chose there)."""
         metrics: dict[str, float] = {}
         if self.pretext:  # a pretext stage is judged by its own numbers; labels are not its business
             return metrics
         restricted = algorithm.scored_rows()
         for name in self.dataset.eval_splits:
-            split = self.dataset.split(name)
+            split, scorer = self.dataset.split(name), algorithm.scoring_model()
             if name in restricted:
-                split = rows_of(split, restricted[name])
-            outputs = self.predict(algorithm.scoring_model(), split, self.dataset.views.plain)
+                split, scorer = rows_of(split, restricted[name]), restricted[name].model or scorer
+            outputs = self.predict(scorer, split, self.dataset.views.plain)
             metrics.update(self.dataset.evaluate(name, outputs, split))
         if restricted:
             self._info({"selection_note": "; ".join(rows.note for rows in restricted.values())})
@@ -594,9 +608,8 @@ class Trainer:
         self.best_state = state["best_state"]
         return state
 
-    def _restore(self, state: dict[str, Any], algorithm: Algorithm, optimizer: torch.optim.Optimizer,
-                 schedule: Schedule, generators: dict[str, torch.Generator]) -> None:
-        algorithm.load_state_dict(state["algorithm"])
+    def _restore(self, state: dict[str, Any], optimizer: torch.optim.Optimizer, schedule: Schedule,
+                 generators: dict[str, torch.Generator]) -> None:
         optimizer.load_state_dict(state["optimizer"])
         if schedule.scheduler is not None and state["scheduler"] is not None:
             schedule.scheduler.load_state_dict(state["scheduler"])
