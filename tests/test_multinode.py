@@ -284,12 +284,14 @@ def test_a_killed_driver_on_two_nodes_resumes_to_exactly_n_trials_and_k_replicat
 
 # ----- one stage-cache entry for two trials on two nodes -----------------------------------------------------------
 def test_two_trials_on_two_nodes_train_their_shared_reference_model_once(two_nodes, tmp_path):
-    """JTT's reference ERM model depends only on T_r: with T_r fixed, two concurrent trials (one per node, each
-    node having one CPU) need the same one. One trains it, the other waits on the lock and loads it."""
+    """JTT's reference ERM model depends on T_r and its lr and weight decay (the trial's own unless set): with
+    those fixed, two concurrent trials (one per node, each node having one CPU) need the same one. One trains
+    it, the other waits on the lock and loads it."""
     two_nodes.ensure_worker_node()
     storage, uri = tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db"
     proc = two_nodes.sweep("jtt", "--dataset", "spuco-digits", "--smoke", "--trials", "2", "--replicates", "0",
-                           "--executor", "function", "--set", "reference_epochs=1", "--name", "shared",
+                           "--executor", "function", "--set", "reference_epochs=1", "--set", "reference_lr=0.01",
+                           "--set", "reference_weight_decay=0.01", "--set", "upsample=5", "--name", "shared",
                            "--storage", str(storage), "--tracking-uri", uri, cwd=tmp_path)
     finish(proc, "the JTT sweep")
     trials = summary_of(storage, "shared")["trials"]
