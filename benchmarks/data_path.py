@@ -105,7 +105,7 @@ def dataloader_run(model_name: str, args: argparse.Namespace) -> Measured:
     loader = torch.utils.data.DataLoader(wilds_train, batch_size=args.batch_size, shuffle=True, drop_last=True,
                                          num_workers=args.workers, prefetch_factor=2,
                                          generator=torch.Generator().manual_seed(0))
-    model = build_model(model_name, ModelSpec(dataset.input_shape, dataset.task.n_outputs))
+    model = build_model(model_name, ModelSpec(dataset.input_shape, dataset.task.n_outputs, layout=dataset.input_layout))
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     view = dataset.views.plain
     wait = 0.0

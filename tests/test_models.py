@@ -8,7 +8,8 @@ from raybench.models import MODELS, FeaturizerHead, ModelSpec, build_model
 
 # The image classifiers; the text, graph and detection models have their own tests (test_wilds_models.py).
 INPUTS = {"lenet": (3, 16, 16), "lenet5": (3, 28, 28), "resnet18": (3, 32, 32), "resnet50": (3, 32, 32),
-          "densenet121": (3, 32, 32), "dabs_transformer": (3, 32, 32), "dabs_transformer_small": (3, 16, 16)}
+          "densenet121": (3, 32, 32), "dabs_transformer": (3, 32, 32), "dabs_transformer_small": (3, 16, 16),
+          "dabs_transformer_small_cls": (3, 16, 16)}
 NON_IMAGE = {"distilbert", "gin_virtual", "fasterrcnn"}
 
 

@@ -80,7 +80,7 @@ def test_fields_without_metadata_get_the_range_their_type_implies():
 @pytest.mark.parametrize("key, value, expected", [
     ("batch_size", 1, "an integer >= 2"),
     ("prefetch", -1, "an integer >= 0"),
-    ("grad_clip", 0.0, "a finite positive number"),
+    ("grad_clip", -1.0, "a finite number >= 0"),
     ("device", "tpu", "auto, cpu or cuda[:N]"),
     ("optimizer", "adagrad", "one of sgd, adam, adamw, lars"),
 ])

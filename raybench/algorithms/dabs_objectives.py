@@ -1,10 +1,11 @@
 """What DABS's two pre-training objectives (e-Mix, ShED) share: settings, the model check, and linear transfer.
 
 Both are pre-train-then-transfer methods in the sense of raybench/algorithms/pretext.py: one registered
-algorithm with a pretext phase (a cached stage on the unlabeled split, AdamW lr 1e-4, weight decay 1e-4 as in
-DABS) and a fine-tuning phase, here DABS's linear transfer: the pre-trained featurizer is frozen (its
+algorithm with a pretext phase (a cached stage on every unlabeled split, AdamW, weight decay 1e-4, constant lr,
+no clipping, as in DABS) and a fine-tuning phase, here DABS's linear transfer: the pre-trained featurizer is frozen (its
 parameters never reach the optimiser, and it stays in eval mode so dropout does not perturb the features) and
-a fresh linear head is trained on the labeled data (DABS: Adam lr 1e-4; the search space sets it).
+a fresh linear head is trained on the labeled data (DABS: AdamW lr 1e-4, weight decay 1e-4, constant lr,
+conf/transfer.yaml; the search space sets them).
 
 The objectives act on the token embeddings between `featurizer.embed` and `featurizer.encode`, so they need a
 DABS transformer (raybench/models/dabs.py); any other model is refused when the algorithm is built.
@@ -23,28 +24,33 @@ from raybench.algorithms.frozen import FeatureMemo, RememberedFeatures
 from raybench.algorithms.pretext import (
     PretrainHparams, PretrainThenTransfer, is_pretext_phase, pretrain_stage, transfer_featurizer,
 )
-from raybench.data.base import Batch, TaskKind
+from raybench.data.base import ALL_UNLABELED, Batch, TaskKind
 from raybench.models.base import FeaturizerHead
 from raybench.models.dabs import is_dabs_model
 from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, setting
 
-DABS_MODELS = ("dabs_transformer", "dabs_transformer_small")
+DABS_MODELS = ("dabs_transformer", "dabs_transformer_small", "dabs_transformer_small_cls")
 
 
 @dataclass
 class DabsHparams(PretrainHparams):
     """Linear transfer has no settings of its own (the lr is the trainer's); every field configures pre-training.
 
-    DABS trains 100k AdamW steps at lr 1e-4, batch 64-256, on a GPU. The defaults are scaled to about a
-    thousand steps on a CPU (20 passes over digits-shift's 3,000 unlabeled test images at batch 64), and the lr
-    rises tenfold with the hundredfold cut in steps: at lr 1e-4 and this budget ShED never leaves its
-    "never moved" baseline (benchmarks/README.md, DABS section).
+    DABS trains 100k AdamW steps at lr 1e-4, batch 64-256, on a GPU, at a constant lr with no clipping
+    (alextamkin/dabs conf/pretrain.yaml: max_steps 100_000, gradient_clip_val 0, no scheduler; base_system.py
+    configure_optimizers). The defaults are scaled to CPU budgets: 5 passes over every unlabeled split (1,020
+    steps on digits-shift's 13,000 unlabeled images, 625 on text-shift's 8,000 texts, 105 on spoken-digits'
+    1,300 utterances; benchmarks/dabs_check.py asks for about 1,000 steps on each), and the lr rises tenfold
+    with the hundredfold cut in steps. Pre-training reads every unlabeled split by default, as WILDS's SwAV
+    reads every split it is given (`pretrain_splits`; raybench/data/base.py `ShiftDataset.split`).
     """
 
     pretrain_lr: float = setting(1e-3, allowed=POSITIVE, help="the pre-training AdamW lr (DABS: 1e-4 for 100k steps)")
     pretrain_weight_decay: float = setting(1e-4, allowed=NON_NEGATIVE, help="the pre-training AdamW weight decay")
     pretrain_batch_size: int = setting(64, allowed=AT_LEAST_ONE, help="the pre-training batch")
-    pretrain_epochs: int = setting(20, allowed=AT_LEAST_ONE, help="passes over the unlabeled split")
+    pretrain_epochs: int = setting(5, allowed=AT_LEAST_ONE, help="passes over the unlabeled splits")
+    pretrain_splits: str = setting(ALL_UNLABELED, help="the unlabeled splits pre-training reads, joined by '+'; "
+                                                       "all_unlabeled: every one the dataset has")
 
 
 def refuse_other_models(model: FeaturizerHead, algorithm: str) -> None:
@@ -115,8 +121,11 @@ class DabsPretext(PretrainThenTransfer, Algorithm):
             return {}
         h = self.hparams
         assert isinstance(h, DabsHparams)
+        # DABS pre-trains at a constant lr with no clipping (conf/pretrain.yaml: no scheduler, gradient_clip_val
+        # 0), whatever the dataset's defaults (text-shift: linear decay, clip 1.0): both are named, not left unset
         stage = pretrain_stage(context, h, self.name, {
-            "optimizer": "adamw", "weight_decay": h.pretrain_weight_decay, "scheduler": None,
+            "optimizer": "adamw", "weight_decay": h.pretrain_weight_decay, "scheduler": "constant", "grad_clip": 0.0,
+            "unlabeled_split": h.pretrain_splits,
             "pretrain_weight_decay": h.pretrain_weight_decay, **self.objective_settings(),
         })
         transfer_featurizer(stage.model, self.model)

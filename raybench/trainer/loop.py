@@ -172,7 +172,7 @@ class Trainer:
     def new_model(self) -> FeaturizerHead:
         """A fresh model; a missing or unusable `model_weights` is a ConfigError naming the file."""
         weights = Path(self.config.model_weights) if self.config.model_weights else None
-        spec = ModelSpec(self.dataset.input_shape, self.dataset.task.n_outputs, weights)
+        spec = ModelSpec(self.dataset.input_shape, self.dataset.task.n_outputs, weights, self.dataset.input_layout)
         try:
             return build_model(self.config.model, spec)
         except (ValueError, OSError) as err:
