@@ -722,6 +722,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The longest error line the CLI prints: whatever a hostile file or flag held, the error stays one readable line.
+MAX_ERROR_CHARS = 1_000
+
+
+def one_short_line(message: str) -> str:
+    """The message on one line, cut to MAX_ERROR_CHARS with its full length said."""
+    line = " ".join(message.split("\n"))
+    if len(line) <= MAX_ERROR_CHARS:
+        return line
+    return f"{line[:MAX_ERROR_CHARS]}... ({len(line):,} characters)"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
@@ -730,7 +742,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         run: Callable[[argparse.Namespace], int] = args.run
         return run(args)
     except UsageError as err:
-        print(f"raybench: error: {err}", file=sys.stderr)
+        print(f"raybench: error: {one_short_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("raybench: interrupted", file=sys.stderr)

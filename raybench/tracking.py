@@ -8,6 +8,7 @@ with `log_batch` (one request per epoch, not one per key), which matters over HT
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
@@ -646,6 +647,7 @@ class SweepRecord:
     algorithm: str
     state_line: str
     summary: Optional[dict[str, Any]]
+    damage: Optional[str] = None  # why its recorded results cannot be read (then summary is None)
 
 
 def find_sweeps(uri: str, names: tuple[str, ...] = (), dataset: Optional[str] = None,
@@ -661,8 +663,12 @@ def find_sweeps(uri: str, names: tuple[str, ...] = (), dataset: Optional[str] = 
         name = tags.get(SWEEP_TAG, parent.info.run_name)
         if (names and name not in names) or (algorithms and tags.get("algorithm") not in algorithms):
             continue
+        try:
+            summary, damage = _parent_summary(client, parent), None
+        except DamagedRecord as err:  # one damaged sweep is named and skipped; the others are still read
+            summary, damage = None, str(err)
         records.append(SweepRecord(name, tags.get("dataset", "?"), tags.get("algorithm", "?"),
-                                   sweep_state(parent).line(name), _parent_summary(client, parent)))
+                                   sweep_state(parent).line(name), summary, damage))
     return records
 
 
@@ -672,6 +678,9 @@ def _sweep_store(uri: str) -> tuple[MlflowClient, str]:
     missing = _missing_sqlite_file(uri)
     if missing is not None:
         raise TrackingError(f"no MLflow store at {redact_uri(uri)}: {str(missing)!r} does not exist")
+    problem = _not_an_mlflow_sqlite_file(uri)
+    if problem is not None:
+        raise TrackingError(f"no MLflow store at {redact_uri(uri)}: {problem}")
     check_reachable(uri)
     client = MlflowClient(tracking_uri=credentials_to_environment(uri))
     experiment = client.get_experiment_by_name(EXPERIMENT)
@@ -688,8 +697,55 @@ def _missing_sqlite_file(uri: str) -> Optional[Path]:
     return None if path.exists() else path
 
 
+# Tables every MLflow SQL store has; MlflowClient creates them (about 65 in all) in any SQLite file it opens.
+MLFLOW_TABLES = frozenset({"experiments", "runs", "alembic_version"})
+
+
+def _not_an_mlflow_sqlite_file(uri: str) -> Optional[str]:
+    """Why an existing SQLite file of `uri` is not an MLflow store, read without writing to it; None if it is
+    one (or `uri` is not a SQLite file). Reading commands check this first: MlflowClient would otherwise
+    write MLflow's schema into any SQLite file it is pointed at, and a damaged file would end in a traceback."""
+    scheme, _, rest = uri.partition(":///")
+    if scheme.split("+")[0] != "sqlite" or not rest or rest == ":memory:":
+        return None
+    path = Path(rest.split("?")[0])
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as err:
+        return f"{str(path)!r} is not a readable SQLite database ({err})"
+    if not MLFLOW_TABLES <= tables:
+        found = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "") if tables else "none"
+        return f"{str(path)!r} has no MLflow tables (its tables: {found}); reading commands never create them"
+    return None
+
+
+# What every reader of a sweep's results/summary.json relies on, by key and type (raybench/sweep/results.py
+# writes it): a record without them is damaged, not a sweep to tabulate.
+SUMMARY_SHAPE: dict[str, type] = {"name": str, "dataset": str, "algorithm": str, "selection": dict,
+                                  "trials": list, "replicates": dict}
+
+
+class DamagedRecord(TrackingError):
+    """A sweep's recorded results that cannot be read: that sweep is skipped and named, the rest go on."""
+
+
+def summary_damage(summary: Any) -> Optional[str]:
+    """Why a parsed summary.json cannot be a sweep's results (not a mapping, a key missing or of the wrong
+    type); None when it has the shape every reader relies on."""
+    if not isinstance(summary, dict):
+        return f"a JSON {type(summary).__name__}, not a mapping"
+    for key, kind in SUMMARY_SHAPE.items():
+        if not isinstance(summary.get(key), kind):
+            return f"{key!r} missing or not a {kind.__name__}"
+    return None
+
+
 def _parent_summary(client: MlflowClient, parent: Any) -> Optional[dict[str, Any]]:
-    """The sweep's `results/summary.json` with where it stands; None before it recorded results."""
+    """The sweep's `results/summary.json` with where it stands; None before it recorded results. A file that
+    is cut, not JSON, or not shaped like a summary is a DamagedRecord naming the sweep and the file."""
     name = parent.data.tags.get(SWEEP_TAG, parent.info.run_name)
     state = sweep_state(parent)
     with tempfile.TemporaryDirectory() as tmp:
@@ -697,7 +753,16 @@ def _parent_summary(client: MlflowClient, parent: Any) -> Optional[dict[str, Any
             path = client.download_artifacts(parent.info.run_id, "results/summary.json", tmp)
         except Exception:  # MLflow raises several types for a missing artifact
             return None
-        summary = json.loads(Path(path).read_text())
+        text = Path(path).read_text(errors="replace")
+    try:
+        summary = json.loads(text)
+    except ValueError as err:
+        raise DamagedRecord(f"sweep {name}: its results/summary.json (run {parent.info.run_id}) is damaged: "
+                            f"not JSON ({err}); skipped") from None
+    damage = summary_damage(summary)
+    if damage is not None:
+        raise DamagedRecord(f"sweep {name}: its results/summary.json (run {parent.info.run_id}) is damaged: "
+                            f"{damage}; skipped")
     summary["mlflow_run_id"] = parent.info.run_id
     summary["mlflow_status"] = parent.info.status
     summary["state_line"] = state.line(name)

@@ -49,6 +49,14 @@ def test_bad_input_gets_one_clear_message(argv, message, capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_huge_bad_value_is_still_one_short_line(capsys):
+    """Whatever a flag or file held, the error is one line of at most 1,000 characters plus its length."""
+    assert main(["train", "--algorithm", "x" * 100_000]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raybench: error: --algorithm: expected one of") and len(err.strip().splitlines()) == 1
+    assert len(err) < 1_100 and err.rstrip().endswith(" characters)")
+
+
 def test_output_that_is_a_file_is_refused(tmp_path, capsys):
     target = tmp_path / "file"
     target.write_text("x")

@@ -408,3 +408,48 @@ def test_pretraining_reads_every_unlabeled_split(tiny_dataset, tmp_path, monkeyp
     unlabeled = [name for name, split in tiny_dataset.splits.items() if not split.labeled]
     assert len(unlabeled) >= 2
     assert sum(seen) == sum(len(tiny_dataset.split(name)) for name in unlabeled), (seen, unlabeled)
+
+
+def datasets_with_a_default_scheduler(data_dir) -> dict:
+    """Every dataset whose defaults name a scheduler, by name: text-shift (linear, clip 1.0) and the WILDS
+    datasets' specs (fmow and poverty: step; civilcomments and amazon: linear, clip 1.0)."""
+    from raybench.data import load_dataset
+    from raybench.data.wilds.spec import load_specs
+
+    defaults = {name: spec.defaults for name, spec in load_specs().items() if spec.defaults.scheduler is not None}
+    defaults["text-shift"] = load_dataset("text-shift", data_dir, 0).defaults
+    return defaults
+
+
+@pytest.mark.parametrize("algorithm", ["emix", "shed"])
+def test_the_pretraining_stage_resolves_to_a_constant_lr_and_no_clipping_on_every_dataset_with_a_schedule(
+        algorithm, tiny_dataset, shared_data_dir, tmp_path):
+    """The stage's own config, resolved against each such dataset's defaults, keeps "constant" and 0: the
+    dataset fills only what the stage leaves unset."""
+    import dataclasses
+
+    every = datasets_with_a_default_scheduler(shared_data_dir)
+    assert {"text-shift", "fmow", "civilcomments"} <= set(every)
+    config = emix_config(tmp_path, algorithm=algorithm)
+    trainer = Trainer(config, dataset=tiny_dataset)
+    asked: list[dict] = []
+
+    class Asked(Exception):
+        """Stops the round once the stage's settings are known: only they are under test."""
+
+    def capture(name, overrides, **kwargs):
+        asked.append(dict(overrides))
+        raise Asked
+
+    trainer.train_stage = capture
+    method = build_algorithm(algorithm, small_model(tiny_dataset), config.resolve(tiny_dataset).hparams,
+                             context_for(tiny_dataset))
+    with pytest.raises(Asked):
+        method.begin_round(trainer._round_context(0))
+    (overrides,) = asked
+    for name, defaults in every.items():
+        dataset = dataclasses.replace(tiny_dataset, defaults=dataclasses.replace(defaults, model="lenet",
+                                                                                 model_weights=None))
+        stage = TrainConfig.from_flat({"dataset": "tiny", "model": SMALL, **overrides}).resolve(dataset)
+        assert (stage.scheduler, stage.grad_clip) == ("constant", 0.0), name
+        assert defaults.scheduler is not None  # what the stage would have got had it left them unset

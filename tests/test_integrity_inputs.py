@@ -48,6 +48,46 @@ def test_bad_space_value_is_one_line_naming_it(text, key, value, expected, tmp_p
     assert message.endswith(f", got {value}") and "\n" not in message
 
 
+def alias_bomb(levels: int, key: str = "description") -> str:
+    """A space file whose `key` expands to 9^levels strings: each level is nine aliases of the one before."""
+    lines = ["algorithm: erm", "a0: &a0 [" + ", ".join(['"lol"'] * 9) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines + [f"{key}: *a{levels - 1}"]) + "\n"
+
+
+@pytest.mark.parametrize("text, size", [(alias_bomb(7), "got "), ("algorithm: erm\na: &a [1, *a]\n", "endless")])
+def test_an_alias_bomb_is_refused_at_load_in_one_short_line(text, size, tmp_path):
+    """A 9-level bomb (9^9 strings) once took 141 s and 19 GB before a gigabytes-long error; its size is now
+    counted on the parsed graph, before any value is built (a 7-level one here: 4.8 million strings, so the
+    test ends even when the bound is broken), and a recursive alias counts as endless."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    with pytest.raises(SpaceError) as info:
+        load_space(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: file: expected at most 20,000 values once its aliases are expanded")
+    assert size in message and "\n" not in message and len(message) < 400
+    got = message.rpartition("got ")[2]
+    assert got.startswith("'endless") or int(got) > 2 * 9 ** 7  # the last level holds 9^7 strings, reached twice
+
+
+def test_an_alias_that_stays_small_still_loads(tmp_path):
+    """Aliases themselves are fine (search_spaces/erm.yaml shares one override between two datasets)."""
+    path = tmp_path / "shared.yaml"
+    path.write_text("algorithm: erm\ndatasets:\n  spuco-digits: &same {fixed: {patience: 2}}\n"
+                    "  spuco-fashion: *same\n")
+    assert load_space(str(path)).algorithm == "erm"
+
+
+def test_a_long_bad_value_is_quoted_short(tmp_path):
+    path = tmp_path / "long.yaml"
+    path.write_text("algorithm: " + "x" * 100_000 + "\n")
+    with pytest.raises(SpaceError) as info:
+        load_space(str(path))
+    message = str(info.value)
+    assert "... (100,002 characters)" in message and len(message) < 1_000 and "\n" not in message
+
+
 def test_unknown_override_dataset_lists_the_known_ones(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("algorithm: erm\ndatasets:\n  cifar10: {}\n")

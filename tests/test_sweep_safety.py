@@ -99,7 +99,8 @@ def test_a_name_with_a_quote_round_trips_through_the_tracking_store(tmp_path):
     tracker = SweepTracker(uri)
     name = "o'brien"
     tracker.start_sweep(name, params={}, tags={})
-    summary = {"name": name, "trials": [], "selected": None, "replicates": {"seeds": [], "ok": 0, "runs": [], "summary": {}}}
+    summary = {"name": name, "dataset": "digits-shift", "algorithm": "erm", "selection": {"strategy": "best_epoch"},
+               "trials": [], "selected": None, "replicates": {"seeds": [], "ok": 0, "runs": [], "summary": {}}}
     folder = tmp_path / "results"
     folder.mkdir()
     (folder / "summary.json").write_text(json.dumps(summary))
@@ -109,6 +110,40 @@ def test_a_name_with_a_quote_round_trips_through_the_tracking_store(tmp_path):
     tracker.end_sweep("FINISHED")
     loaded = load_sweep_results(uri, name)
     assert loaded["name"] == name and loaded["tracking_state"] == "finished"
+
+
+def record_sweep(uri: str, name: str, summary_text: str, tmp_path) -> None:
+    tracker = SweepTracker(uri)
+    tracker.start_sweep(name, params={}, tags={"dataset": "digits-shift", "algorithm": "erm"})
+    folder = tmp_path / name / "results"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(summary_text)
+    tracker.log_artifacts(folder, "results")
+    tracker.end_sweep("FINISHED")
+
+
+@pytest.mark.parametrize("damaged", ['{"name": "cut", "dataset": "digits-', "[]", "{}"])
+def test_one_damaged_summary_is_named_and_skipped_and_the_other_sweeps_are_read(damaged, tmp_path):
+    """A summary.json cut in half, or replaced by [] or {}, once broke `results` and `compare` for the whole
+    store; now that sweep is one line naming it and the file, and the others read as before."""
+    from raybench.sweep import compare
+    from raybench.tracking import DamagedRecord, find_sweeps
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    good = {"name": "good", "dataset": "digits-shift", "algorithm": "erm", "selection": {"strategy": "best_epoch"},
+            "trials": [], "selected": None, "replicates": {"seeds": [], "ok": 0, "runs": [], "summary": {}}}
+    record_sweep(uri, "good", json.dumps(good), tmp_path)
+    record_sweep(uri, "broken", damaged, tmp_path)
+    records = {r.name: r for r in find_sweeps(uri)}
+    assert records["good"].summary is not None and records["good"].damage is None
+    broken = records["broken"]
+    assert broken.summary is None and broken.damage.startswith("sweep broken: its results/summary.json (run ")
+    assert "is damaged: " in broken.damage and broken.damage.endswith("; skipped") and "\n" not in broken.damage
+    (unfinished,) = [u for u in compare.from_records(list(records.values())).unfinished if u.name == "broken"]
+    assert unfinished.line == broken.damage
+    with pytest.raises(DamagedRecord, match="sweep broken: its results/summary.json .* is damaged"):
+        load_sweep_results(uri, "broken")
+    assert load_sweep_results(uri, "good")["name"] == "good"
 
 
 def test_redaction_keeps_host_and_drops_userinfo():
@@ -163,3 +198,44 @@ def test_the_resume_hint_never_repeats_a_password():
 
     hint = resume_command(["sweep", "erm", "--tracking-uri=http://u:pw@h:1", "--tracking-uri", "http://u:pw@h:2"])
     assert "pw" not in hint and hint.endswith("--resume") and "http://***@h:1" in hint and "http://***@h:2" in hint
+
+
+@pytest.mark.parametrize("reply", [b"", b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"])
+def test_an_address_that_accepts_connections_but_is_not_ray_is_one_line_within_the_timeout(reply):
+    """Any listening port passed the TCP probe, then ray.init retried for minutes; now the port must answer
+    gRPC (as Ray's GCS and client server do) within the probe's timeout."""
+    import socket
+    import threading
+    import time as clock
+
+    from raybench.sweep.ray_backend import ClusterError, probe_address
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def answer() -> None:  # accept every connection, say `reply` (or nothing), keep it open
+        server.settimeout(0.1)
+        held = []
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            if reply:
+                conn.sendall(reply)
+            held.append(conn)
+        for conn in held:
+            conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        started = clock.monotonic()
+        with pytest.raises(ClusterError, match=rf"127.0.0.1:{port} accepts connections but is not a Ray cluster"):
+            probe_address(f"127.0.0.1:{port}", timeout_s=1.0)
+        assert clock.monotonic() - started < 30  # bounded by the probe, not by Ray's retries
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()

@@ -60,3 +60,30 @@ def test_reading_a_missing_sqlite_store_says_so_and_creates_nothing(tmp_path):
         with pytest.raises(TrackingError, match="no MLflow store at .*nowhere/mlflow.db' does not exist"):
             read()
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_reading_a_sqlite_file_that_is_not_an_mlflow_store_refuses_it_and_writes_nothing(tmp_path):
+    """`results` and `compare` once wrote MLflow's 65 tables into any SQLite file they were given, and a damaged
+    one ended in an SQLAlchemy traceback; now both are one line naming the file, and the file is untouched."""
+    import sqlite3
+
+    import pytest
+
+    from raybench.tracking import TrackingError, find_sweeps, load_sweep_results
+
+    unrelated = tmp_path / "notes.db"
+    with sqlite3.connect(unrelated) as db:
+        db.execute("CREATE TABLE notes (body TEXT)")
+        db.execute("INSERT INTO notes VALUES ('keep me')")
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\x07" * 500)
+    for path, message in ((unrelated, "has no MLflow tables \\(its tables: notes\\)"),
+                          (damaged, "is not a readable SQLite database")):
+        before = path.read_bytes()
+        uri = f"sqlite:///{path}"
+        for read in (lambda: find_sweeps(uri), lambda: load_sweep_results(uri, "s")):
+            with pytest.raises(TrackingError, match=f"no MLflow store at .*{path.name}'? {message}"):
+                read()
+        assert path.read_bytes() == before, f"{path.name} was written to"
+    with sqlite3.connect(unrelated) as db:
+        assert [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["notes"]

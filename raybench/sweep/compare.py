@@ -145,8 +145,10 @@ def compare(summaries: Sequence[dict[str, Any]], unfinished: Sequence[Unfinished
 
 def from_records(records: Sequence[Any], selection: Optional[str] = None) -> Comparison:
     """The comparison of sweeps read back from the store (raybench.tracking.SweepRecord), in their order;
-    those that recorded no results yet are listed as unfinished with where they stand."""
-    unfinished = [UnfinishedSweep(r.name, r.dataset, r.algorithm, f"{r.state_line}; no results were recorded yet")
+    those that recorded no results yet are listed as unfinished with where they stand, and those whose
+    recorded results are damaged with what is wrong."""
+    unfinished = [UnfinishedSweep(r.name, r.dataset, r.algorithm,
+                                  r.damage or f"{r.state_line}; no results were recorded yet")
                   for r in records if r.summary is None]
     return compare([r.summary for r in records if r.summary], unfinished, selection)
 

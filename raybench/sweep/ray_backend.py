@@ -238,10 +238,32 @@ def probe_address(address: str, timeout_s: float = 5.0) -> None:
         return
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return
+            pass
     except OSError as err:
         raise ClusterError(f"no Ray cluster answers at {address} ({err.strerror or err}); start one "
                            f"(cluster/local-up.sh) or leave --address out for a private local Ray") from None
+    if not speaks_grpc(host, int(port), timeout_s):
+        raise ClusterError(f"{address} accepts connections but is not a Ray cluster (no gRPC answer within "
+                           f"{timeout_s:g} s); give the head's GCS address (host:6379 by default) or a ray:// "
+                           f"client address")
+
+
+def speaks_grpc(host: str, port: int, timeout_s: float) -> bool:
+    """Whether a gRPC server (Ray's GCS and its client server both are) completes a connection at host:port
+    within `timeout_s`: any other listening port (a web server, a database) accepts TCP, and ray.init would
+    then retry for minutes. With Ray's TLS on (RAY_USE_TLS) an insecure channel cannot tell, so it is assumed."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return True
+    import grpc
+
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
 
 
 def check_resources(resources: "Resources", executor: str, autoscaling: bool) -> None:

@@ -34,7 +34,19 @@ class SpaceError(ValueError):
     """A malformed search-space file: one line naming file, key, value and what was expected."""
 
     def __init__(self, path: Union[str, Path], key: str, value: Any, expected: str) -> None:
-        super().__init__(f"{path}: {key}: expected {expected}, got {value!r}")
+        super().__init__(f"{path}: {key}: expected {expected}, got {quoted(value)}")
+
+
+# The longest value an error quotes: a one-line message stays one readable line whatever the file held.
+MAX_QUOTED = 120
+
+
+def quoted(value: Any) -> str:
+    """repr(value), cut to MAX_QUOTED characters with the full length said."""
+    text = repr(value)
+    if len(text) <= MAX_QUOTED:
+        return text
+    return f"{text[:MAX_QUOTED]}... ({len(text):,} characters)"
 
 
 @dataclass(frozen=True)
@@ -203,12 +215,52 @@ def load_space(name_or_path: str) -> SearchSpace:
     return parse_space(read_yaml(path), path)
 
 
+# Values (scalars, lists, mappings) a file may hold once its aliases are expanded. The largest shipped file
+# holds a few hundred; an alias bomb (each level a list of aliases of the one before) holds 10^9 in a few lines,
+# and anything that walks it (validation, an error quoting it, json) takes minutes and gigabytes.
+MAX_YAML_VALUES = 20_000
+
+
+def expanded_values(root: yaml.Node) -> float:
+    """How many values the node graph holds with every alias expanded: each node counted once per path to
+    it, computed in one pass over the distinct nodes (an alias is the same node object reached again).
+    A value that contains itself (a recursive alias) expands without end: infinity."""
+    counts: dict[int, float] = {}
+    stack, seen = [root], set()
+    while stack:  # post-order without recursion: a deep file cannot exhaust Python's stack
+        node = stack[-1]
+        if id(node) in seen:
+            stack.pop()
+            if id(node) not in counts:
+                counts[id(node)] = 1 + sum(counts.get(id(child), math.inf) for child in children(node))
+            continue
+        seen.add(id(node))
+        stack.extend(child for child in children(node) if id(child) not in seen)
+    return counts[id(root)]
+
+
+def children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
 def read_yaml(path: Path) -> Any:
-    """The file parsed with duplicate keys refused; a problem is one SpaceError naming the file and the line
-    (search spaces and benchmark files alike)."""
+    """The file parsed with duplicate keys refused and its size once aliases are expanded bounded; a problem
+    is one SpaceError naming the file and the line (search spaces and benchmark files alike)."""
     text = read_text(path)
+    loader = StrictLoader(text)
     try:
-        return yaml.load(text, Loader=StrictLoader)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        values = expanded_values(node)
+        if values > MAX_YAML_VALUES:
+            raise SpaceError(path, "file", "endless (a recursive alias)" if math.isinf(values) else int(values),
+                             f"at most {MAX_YAML_VALUES:,} values once its aliases are expanded (an alias bomb?)")
+        return loader.construct_document(node)
     except DuplicateKeyError as err:
         raise SpaceError(path, f"line {err.line}", err.key,
                          f"each key once per mapping (first on line {err.first_line})") from None
@@ -216,6 +268,8 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "file"
         raise SpaceError(path, where, getattr(err, "problem", str(err)), "valid YAML") from None
+    finally:
+        loader.dispose()
 
 
 def parse_space(data: Any, path: Path) -> SearchSpace:
