@@ -37,13 +37,18 @@ BAD_SPACES = [
 ]
 
 
-@pytest.mark.parametrize("text, key, value, expected", BAD_SPACES, ids=[f"{b[1]}-{b[2]}" for b in BAD_SPACES])
-def test_bad_space_value_is_one_line_naming_it(text, key, value, expected, tmp_path):
-    path = tmp_path / "bad.yaml"
+def space_error(path: Path, text: str) -> str:
+    """The one-line SpaceError that loading `text` as the space file `path` ends in."""
     path.write_text(text)
     with pytest.raises(SpaceError) as info:
         load_space(str(path))
-    message = str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("text, key, value, expected", BAD_SPACES, ids=[f"{b[1]}-{b[2]}" for b in BAD_SPACES])
+def test_bad_space_value_is_one_line_naming_it(text, key, value, expected, tmp_path):
+    path = tmp_path / "bad.yaml"
+    message = space_error(path, text)
     assert message.startswith(f"{path}: {key}: expected {expected}")
     assert message.endswith(f", got {value}") and "\n" not in message
 
@@ -61,10 +66,7 @@ def test_an_alias_bomb_is_refused_at_load_in_one_short_line(text, size, tmp_path
     counted on the parsed graph, before any value is built (a 7-level one here: 4.8 million strings, so the
     test ends even when the bound is broken), and a recursive alias counts as endless."""
     path = tmp_path / "bomb.yaml"
-    path.write_text(text)
-    with pytest.raises(SpaceError) as info:
-        load_space(str(path))
-    message = str(info.value)
+    message = space_error(path, text)
     assert message.startswith(f"{path}: file: expected at most 20,000 values once its aliases are expanded")
     assert size in message and "\n" not in message and len(message) < 400
     got = message.rpartition("got ")[2]
@@ -80,11 +82,7 @@ def test_an_alias_that_stays_small_still_loads(tmp_path):
 
 
 def test_a_long_bad_value_is_quoted_short(tmp_path):
-    path = tmp_path / "long.yaml"
-    path.write_text("algorithm: " + "x" * 100_000 + "\n")
-    with pytest.raises(SpaceError) as info:
-        load_space(str(path))
-    message = str(info.value)
+    message = space_error(tmp_path / "long.yaml", "algorithm: " + "x" * 100_000 + "\n")
     assert "... (100,002 characters)" in message and len(message) < 1_000 and "\n" not in message
 
 
