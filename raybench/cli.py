@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from raybench.registry import UnknownNameError
+from raybench.settings import MAX_COUNT, MAX_MAGNITUDE, MAX_SEED, number_text
 
 
 class UsageError(Exception):
@@ -32,8 +33,10 @@ def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
     return values
 
 
-def bounded(kind: type, minimum: float, strict: bool = False) -> Callable[[str], Any]:
-    """An argparse type: `kind` (int or float) at least `minimum` (greater, if `strict`), named in errors."""
+def bounded(kind: type, minimum: float, maximum: float, strict: bool = False) -> Callable[[str], Any]:
+    """An argparse type: `kind` (int or float) at least `minimum` (greater, if `strict`) and at most `maximum`,
+    named in errors. Every flag has both ends: a value past any real use (1e20 trials, a 1e300-second wait)
+    would otherwise fail only after Ray started."""
     noun = "an integer" if kind is int else "a finite number"
     expected = f"expected {noun} {'>' if strict else '>='} {minimum:g}"
 
@@ -42,17 +45,20 @@ def bounded(kind: type, minimum: float, strict: bool = False) -> Callable[[str],
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        if (kind is float and not math.isfinite(value)) or value < minimum or (strict and value == minimum):
             raise argparse.ArgumentTypeError(f"{expected}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{expected}, at most {number_text(maximum)}, got {value}")
         return value
 
     return parse
 
 
-positive_int = bounded(int, 1)
-non_negative_int = bounded(int, 0)
-non_negative_float = bounded(float, 0)
-positive_float = bounded(float, 0, strict=True)
+positive_int = bounded(int, 1, MAX_COUNT)  # trials, epochs, workers, grace periods
+non_negative_int = bounded(int, 0, MAX_COUNT)  # replicates
+seed_int = bounded(int, 0, MAX_SEED)  # as the trainer's `seed`: numpy's seeds are 32-bit
+non_negative_float = bounded(float, 0, MAX_MAGNITUDE)  # GPUs per worker
+positive_float = bounded(float, 0, MAX_MAGNITUDE, strict=True)  # CPUs, resource amounts, factors, seconds
 
 # Resources Ray or raybench already asks for by their own flags or for the trial drivers.
 RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "trial_driver")
@@ -231,7 +237,7 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--dataset", default="digits-shift")
     p.add_argument("--model", help="a registered model (default: the dataset's); must match the checkpoint")
     p.add_argument("--c-grid", help="comma-separated C values for the SVM (default: NeWT's 1e-4..1e3)")
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--output", help="directory for the checkpoint (best_model.pt) and result.json")
     p.set_defaults(run=cmd_probe)
 
@@ -241,7 +247,7 @@ def add_probe_parsers(sub: Any) -> None:
     s.add_argument("--features-from", required=True, metavar="random|PATH",
                    help="'random' (the model's seeded initialisation) or a checkpoint file or folder")
     s.add_argument("--model", help="a registered model (default: the dataset's)")
-    s.add_argument("--seed", type=non_negative_int, default=0, help="the model's initialisation, the draws, the folds")
+    s.add_argument("--seed", type=seed_int, default=0, help="the model's initialisation, the draws, the folds")
     s.add_argument("--per-class", type=positive_int,
                    help="train (and test) examples per class of each task (default: the most the domain allows, <= 50)")
     s.add_argument("--c-grid", help="comma-separated C values for the SVM (default: NeWT's 1e-4..1e3)")
@@ -265,7 +271,8 @@ def resume_command(argv: Sequence[str]) -> str:
 
 class _Signals:
     """SIGTERM is handled like Ctrl-C, so a stopped sweep marks its runs KILLED and says how to resume; the
-    exit status then names the signal that stopped it (130 for SIGINT, 143 for SIGTERM)."""
+    exit status then names the signal that stopped it (130 for SIGINT, 143 for SIGTERM). ray.init replaces
+    this handler; ray_backend.connect puts it back (tests/test_signals.py sends the SIGTERM)."""
 
     def __init__(self) -> None:
         self.received = signal.SIGINT
@@ -289,7 +296,8 @@ class _Signals:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from raybench.sweep.errors import ClusterError, OptionError, SweepExists, SweepInterrupted
+    from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
+    from raybench.paths import StorageFull
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError, redact_uri
@@ -312,7 +320,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             prepared = prepare(options)
             summary = run_sweep(prepared)
-        except (SpaceError, SweepExists, OptionError) as err:
+        except (SpaceError, SweepExists, SweepBusy, OptionError) as err:
             raise UsageError(str(err)) from None
         except UnknownNameError as err:
             raise UsageError(f"--dataset/--selection: {err}") from None
@@ -326,6 +334,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             what = str(err) if isinstance(err, SweepInterrupted) else "sweep interrupted"
             print(f"raybench: {what}; resume with: {resume}", file=sys.stderr)
             return signals.exit_status
+        except StorageFull as err:  # 74, sysexits' EX_IOERR: the input was good (2 is for bad input), a write was not
+            print(f"raybench: {err}; free space and resume with: {resume}", file=sys.stderr)
+            return 74
     from raybench.sweep.report import render
 
     print(render(summary, "table"))
@@ -347,23 +358,24 @@ def mlflow_hint(uri: str, ids: dict[str, str]) -> str:
 # ----- raybench benchmark -----------------------------------------------------------------------
 def cmd_benchmark(args: argparse.Namespace) -> int:
     from raybench.sweep.benchmark import BenchmarkInterrupted, BenchmarkOptions, outcome_text, plan_text, run_benchmark
-    from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
+    from raybench.sweep.benchmark_file import BenchmarkError, bind_pairs, load_benchmark
     from raybench.sweep.errors import ClusterError, OptionError, SweepExists
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError, default_tracking_uri, redact_uri
 
     try:
         benchmark = load_benchmark(args.file)
+        bindings = bind_pairs(benchmark)  # as each pair's sweep binds it: --plan refuses what the run would
     except (BenchmarkError, SpaceError) as err:
         raise UsageError(str(err)) from None
     if args.plan:
-        print(plan_text(benchmark))
+        print(plan_text(benchmark, bindings))
         return 0
     if args.address:
         _probe_cluster(args.address)
     resume = resume_command(args.argv)
     options = BenchmarkOptions(Path(args.storage).resolve(), args.tracking_uri or default_tracking_uri(), args.address,
-                               args.resume, resume, args.progress_every)
+                               args.resume, resume, args.progress_every, force=args.force)
     with _Signals() as signals:
         try:
             outcome = run_benchmark(benchmark, options)
@@ -398,6 +410,8 @@ def add_benchmark_parser(sub: Any) -> None:
     b.add_argument("file", help="a benchmark YAML file (see benchmarks/grids/)")
     b.add_argument("--plan", action="store_true", help="print the pairs it would run and those it rules out; run nothing")
     b.add_argument("--resume", action="store_true", help="finish an interrupted benchmark: only pairs not finished run")
+    b.add_argument("--force", action="store_true", help="with --resume: resume even though the benchmark file changed "
+                                                        "since the benchmark started (finished pairs are kept as they are)")
     b.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray "
                                      "that every pair shares")
     b.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
@@ -490,22 +504,43 @@ def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         dataset = load_dataset(args.dataset)
         overrides = command_line_overrides(getattr(args, "smoke", False), parse_assignments(getattr(args, "set", [])))
         TrainConfig.from_flat({"algorithm": space.algorithm, **overrides})
-        resolved = sweep_space(space, dataset, overrides)
-        resolved.fixed.update(overrides)  # shown as fixed, and in the budget, as the sweep would run them
-        return space, resolved, dataset
     except SpaceError as err:
         raise UsageError(str(err)) from None
     except UnknownNameError as err:
         raise UsageError(f"--dataset: {err}") from None
     except ConfigError as err:
         raise UsageError(f"--set {err.key}: {err.detail}") from None
+    try:
+        resolved = sweep_space(space, dataset, overrides)
+        resolved.fixed.update(overrides)  # shown as fixed, and in the budget, as the sweep would run them
+    except SpaceError as err:
+        raise UsageError(str(err)) from None
+    except ConfigError as err:
+        raise _config_blame(err, args, space) from None
+    return space, resolved, dataset
+
+
+def _config_blame(err: Any, args: argparse.Namespace, space: Any) -> UsageError:
+    """A config the space and the flags make together, refused: named by the flag when the refused setting was
+    given on the command line (--set, --smoke), else by the space file, which never blames a --set not given."""
+    from raybench.sweep.runner import command_line_overrides
+
+    overrides = command_line_overrides(getattr(args, "smoke", False), parse_assignments(getattr(args, "set", [])))
+    if err.key in overrides:
+        return UsageError(f"--set {err.key}: {err.detail}")
+    return UsageError(f"{space.path}: {err.key}, as the space resolves on {args.dataset}: {err.detail}")
 
 
 def cmd_space_show(args: argparse.Namespace) -> int:
     from raybench.sweep.authoring import describe
+    from raybench.trainer import ConfigError
 
     space, resolved, dataset = _space_on_dataset(args)
-    print(describe(space, resolved, dataset))
+    try:  # a trial's budget at each unlabeled ratio resolves a full config for it
+        text = describe(space, resolved, dataset)
+    except ConfigError as err:
+        raise _config_blame(err, args, space) from None
+    print(text)
     return 0
 
 
@@ -564,7 +599,7 @@ def add_space_parser(sub: Any) -> None:
         p.add_argument("space", help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
         p.add_argument("--dataset", default="digits-shift")
     draw.add_argument("--trials", type=positive_int, default=10)
-    draw.add_argument("--seed", type=non_negative_int, default=0, help="the search's seed, as `raybench sweep --seed`")
+    draw.add_argument("--seed", type=seed_int, default=0, help="the search's seed, as `raybench sweep --seed`")
     for p in (show, draw):  # a sweep's own flags, so both show what that sweep would run (and its budget)
         p.add_argument("--smoke", action="store_true", help="as `raybench sweep --smoke` (its fixed settings)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as `raybench sweep --set`")
@@ -637,7 +672,7 @@ def add_sweep_parser(sub: Any) -> None:
     p.add_argument("--trials", type=positive_int, help="random configs to try (default 10; 2 with --smoke)")
     p.add_argument("--replicates", type=non_negative_int,
                    help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, else 3; 2 with --smoke)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="the search's seed (Optuna sampler)")
+    p.add_argument("--seed", type=seed_int, default=0, help="the search's seed (Optuna sampler)")
     p.add_argument("--sampler", choices=["random", "tpe"], default="random")
     p.add_argument("--max-concurrent", type=positive_int, default=2)
     p.add_argument("--workers-per-trial", type=positive_int, default=1)
@@ -711,7 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="a trainer setting (lr, batch_size, unlabeled_ratio, ...) or an algorithm hyperparameter")
     p_train.add_argument("--epochs", type=positive_int)
-    p_train.add_argument("--seed", type=non_negative_int, default=0)
+    p_train.add_argument("--seed", type=seed_int, default=0)
     p_train.add_argument("--output", help="directory for the checkpoint (state.pt, best_model.pt) and result.json")
     p_train.set_defaults(run=cmd_train)
     add_probe_parsers(sub)
@@ -727,8 +762,11 @@ MAX_ERROR_CHARS = 1_000
 
 
 def one_short_line(message: str) -> str:
-    """The message on one line, cut to MAX_ERROR_CHARS with its full length said."""
-    line = " ".join(message.split("\n"))
+    """The message on one line, cut to MAX_ERROR_CHARS with its full length said. Every line break (also \\r,
+    \\x1e, \\u2028 ...) becomes a space, and any other unprintable character its escape: a key a file spelled
+    with control characters can neither break the line nor drive the terminal."""
+    line = " ".join(message.splitlines())
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
     if len(line) <= MAX_ERROR_CHARS:
         return line
     return f"{line[:MAX_ERROR_CHARS]}... ({len(line):,} characters)"

@@ -8,11 +8,19 @@ which the stage cache takes on it from every node.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
+import json
+import os
 import re
+import socket
 import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Iterator, Optional
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 NAME_RULE = "1-128 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit"
@@ -61,8 +69,10 @@ def file_lock_problem(path: Path) -> Optional[str]:
     """Why an exclusive `flock` cannot be taken in the folder `path` (or its nearest existing ancestor), or None.
 
     The stage cache (raybench.trainer.stages) serialises the trials that need the same earlier stage on such a
-    lock, from whichever node they run on. A local disk and NFSv4 (where Linux maps flock onto NFS byte-range
-    locks) honour it; some FUSE and object-store mounts refuse it, and trials would then train one stage twice."""
+    lock, from whichever node they run on, and a sweep's driver holds one for its lifetime (take_lock), so that
+    a second driver of the same sweep is refused. A local disk and NFSv4 (where Linux maps flock onto NFS
+    byte-range locks) honour it; some FUSE and object-store mounts refuse it, and trials would then train one
+    stage twice."""
     path = Path(path).expanduser()
     existing = path if path.is_dir() else next((p for p in path.absolute().parents if p.is_dir()), None)
     if existing is None:
@@ -73,6 +83,243 @@ def file_lock_problem(path: Path) -> Optional[str]:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 fcntl.flock(handle, fcntl.LOCK_UN)
     except OSError as err:
-        return (f"file locks (flock) fail in {str(existing)!r} ({err.strerror or err}); the stage cache needs them "
-                f"on the storage every node shares: use a local folder or an NFSv4 mount")
+        return (f"file locks (flock) fail in {str(existing)!r} ({err.strerror or err}); the stage cache and the sweep "
+                f"lock need them on the storage every node shares: use a local folder or an NFSv4 mount")
     return None
+
+
+# ----- records written all or nothing, and a full disk named ------------------------------------------------
+DISK_FULL = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT"}  # out of space; out of the user's quota
+_ERRNO_IN_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)
+
+
+def disk_full_error(err: BaseException) -> Optional[OSError]:
+    """The OSError saying its file system ran out of space or quota, when `err` is one or was raised from one
+    (Arrow's errors, from Parquet or Ray's uploads, are OSErrors with the errno too); None otherwise."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def disk_full_errno_in(text: str) -> Optional[int]:
+    """ENOSPC or EDQUOT when an error's text names one, else None: a trial's error reaches the sweep's driver
+    as a remote traceback, where Python writes `[Errno 28] ...` and Arrow `[errno 28] ...`."""
+    for match in _ERRNO_IN_TEXT.finditer(text):
+        if int(match.group(1)) in DISK_FULL:
+            return int(match.group(1))
+    return None
+
+
+class StorageFull(Exception):
+    """A sweep's folder filled up (or its quota ran out) while raybench or Ray wrote into it. Every record is
+    written all or nothing, so what was written before is whole, and `--resume` continues once space is freed.
+    Deliberately no OSError: code that tolerates a failed probe or copy must not swallow it."""
+
+    def __init__(self, folder: Path, what: str, code: int = errno.ENOSPC, flag: str = "--storage") -> None:
+        self.folder, self.what, self.errno, self.flag = Path(folder), what, code, flag
+        reason = os.strerror(code)
+        super().__init__(f"{flag + ' ' if flag else ''}{self.folder}: {reason[:1].lower()}{reason[1:]} "
+                         f"({DISK_FULL.get(code, code)}) while writing {what}")
+
+
+def write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """Write the file `path` all or nothing: `write` fills a temporary file beside it, which is flushed to the
+    disk (fsync: file systems that allocate blocks late report a full disk only then) and only then renamed
+    over `path`. A write that fails (no space left, an exception in `write`, a crash) leaves the previous file
+    or none, never half of one, and removes its temporary file so the space it took is free again. A full disk
+    is raised as an OSError naming `path` itself, not the temporary file, also when `write` said it otherwise
+    (torch.save raises a RuntimeError without an errno): a write that failed with no block left was that."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        write(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except Exception as err:
+        full = disk_full_error(err)
+        code = full.errno if full is not None else (errno.ENOSPC if _no_space_left(path.parent) else None)
+        tmp.unlink(missing_ok=True)
+        if code is not None and (full is None or full.filename != str(path)):
+            raise OSError(code, os.strerror(code), str(path)) from err
+        raise
+    except BaseException:  # Ctrl-C mid-write: no temporary file left behind either
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """`text` as the file `path`, all or nothing (write_atomically)."""
+    write_atomically(path, lambda tmp: tmp.write_text(text))
+
+
+def _no_space_left(folder: Path) -> bool:
+    try:
+        return os.statvfs(folder).f_bavail == 0
+    except OSError:
+        return False
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_directory(folder: Path) -> None:
+    """The rename itself onto the disk; a file system that cannot sync a folder (some network mounts) is let be:
+    the file is whole either way."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def storage_writes(folder: Path, what: str) -> Iterator[None]:
+    """Inside, a full disk or quota becomes one StorageFull naming `folder` and `what` (and the file, when the
+    error names one); every other error passes unchanged."""
+    try:
+        yield
+    except StorageFull:
+        raise
+    except Exception as err:
+        full = disk_full_error(err)
+        if full is None:
+            raise
+        written = Path(str(full.filename)) if full.filename else None
+        if written is not None and inside(Path(folder), written):
+            what = f"{what} ({written.resolve().relative_to(Path(folder).resolve())})"
+        raise StorageFull(folder, what, full.errno) from err
+
+
+# ----- a lock held for a process's lifetime -----------------------------------------------------------
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a lock file (or held it last without releasing it): written into the file by its holder, so
+    a process that is refused can name the one it waits for."""
+
+    host: str
+    pid: int
+    since: str  # local time the lock was taken
+
+    @classmethod
+    def this_process(cls) -> "LockHolder":
+        return cls(socket.gethostname(), os.getpid(), time.strftime("%Y-%m-%d %H:%M:%S"))
+
+    @classmethod
+    def parse(cls, text: str) -> Optional["LockHolder"]:
+        """The holder a lock file names; None when it is empty (released cleanly, or not written yet)."""
+        try:
+            fields = json.loads(text)
+            return cls(str(fields["host"]), int(fields["pid"]), str(fields["since"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def words(self) -> str:
+        return f"host {self.host}, pid {self.pid}, since {self.since}"
+
+
+class LockBusy(Exception):
+    """The lock file is held by another live process (or another open of it in this one)."""
+
+    def __init__(self, path: Path, holder: Optional[LockHolder]) -> None:
+        super().__init__(f"{path} is held by {holder.words() if holder else 'a process that has not named itself yet'}")
+        self.path, self.holder = path, holder
+
+
+class HeldLock:
+    """An exclusive `flock` on a file, held until `release()` or until the process dies: the kernel drops a
+    flock with the last descriptor of its file, so a killed holder never leaves a lock nobody can take, and
+    no stale-lock guessing (PIDs, timeouts) is needed. The descriptor is not inherited by child processes
+    (O_CLOEXEC), so a Ray process the holder started cannot keep the lock alive after it.
+
+    `previous` is the holder the file still named when this one took it: a process that died holding it."""
+
+    def __init__(self, path: Path, fd: int, holder: LockHolder, previous: Optional[LockHolder]) -> None:
+        self.path, self._fd, self.holder, self.previous = path, fd, holder, previous
+
+    def release(self) -> None:
+        """Empty the file (a clean release names nobody), then let go of the lock."""
+        if self._fd < 0:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "HeldLock":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+BUSY_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+# A lock held by nobody named: its holder is between flock and writing its name, or lock_busy() is probing it.
+# Either lasts microseconds, so the lock is tried again for this long before it counts as held.
+UNNAMED_HOLDER_WAIT_S = 1.0
+
+
+def take_lock(path: Path) -> HeldLock:
+    """Take the exclusive lock `path` (created with its folder if missing) without waiting for a holder, and
+    write this process into it; raises LockBusy naming the holder when a live process has it. A lock file left
+    by a process that died is simply taken: its flock died with it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    deadline = time.monotonic() + UNNAMED_HOLDER_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as err:
+            holder = LockHolder.parse(_read_all(fd)) if err.errno in BUSY_ERRNOS else None
+            if err.errno in BUSY_ERRNOS and holder is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
+            os.close(fd)
+            if err.errno in BUSY_ERRNOS:
+                raise LockBusy(path, holder) from None
+            raise
+    previous = LockHolder.parse(_read_all(fd))
+    holder = LockHolder.this_process()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(asdict(holder)).encode(), 0)
+    os.fsync(fd)
+    return HeldLock(path, fd, holder, previous)
+
+
+def lock_busy(path: Path) -> Optional[LockBusy]:
+    """LockBusy naming the holder when a live process holds the lock `path`, else None. Creates and writes
+    nothing: a shared lock is tried and dropped at once (take_lock tolerates such a probe, see above)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # no lock file: nobody ever held it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except OSError as err:
+        return LockBusy(path, LockHolder.parse(_read_all(fd))) if err.errno in BUSY_ERRNOS else None
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode("utf-8", errors="replace")

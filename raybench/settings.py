@@ -28,21 +28,33 @@ class Allowed:
     choices: tuple[Any, ...] = ()
     pattern: Optional[str] = None
     words: str = ""
+    # The largest value any real run uses, where the meaning sets no upper bound (an lr, a count of epochs):
+    # beyond it a value is a typo or an attack that would crash a trial after Ray started (an lr of 1e58,
+    # 1e20 epochs), so it is refused at load. Kept apart from `high` so the words of the meaning stay as
+    # they are ("a finite positive number") and a refusal for size says both.
+    limit: Optional[float] = None
 
     def admits(self, value: Any) -> bool:
+        return self.admits_meaning(value) and not self.beyond_limit(value)
+
+    def admits_meaning(self, value: Any) -> bool:
         if self.choices:
             return value in self.choices
         if self.pattern is not None:
             return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            return False
-        if not math.isfinite(number):
+        number = _as_number(value)
+        if number is None or not math.isfinite(number):
             return False
         above = self.low is None or (number > self.low if self.low_open else number >= self.low)
         below = self.high is None or (number < self.high if self.high_open else number <= self.high)
         return above and below
+
+    def beyond_limit(self, value: Any) -> bool:
+        """Above `limit` (a number too large for a float is above any limit)."""
+        if self.limit is None or self.choices or self.pattern is not None:
+            return False
+        number = _as_number(value)
+        return number is not None and number > self.limit
 
     def text(self, kind: str) -> str:
         """The range in words, e.g. "a finite positive number", "an integer >= 1", "one of sgd, adam"."""
@@ -65,17 +77,51 @@ class Allowed:
             return f"{noun} strictly between {self.low:g} and {self.high:g}"
         return f"{noun} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
 
+    def full_text(self, kind: str) -> str:
+        """The range in words with its limit, e.g. "an integer >= 1, at most 1,000,000" (`raybench list settings`)."""
+        return self.text(kind) + (f", at most {number_text(self.limit)}" if self.limit is not None else "")
+
     def problem(self, value: Any, kind: str) -> Optional[str]:
         """What is wrong with `value` ("expected a finite number > 0, got -1.0" style), or None if it is allowed."""
-        return None if self.admits(value) else f"expected {self.text(kind)}, got {value!r}"
+        if not self.admits_meaning(value):
+            return f"expected {self.text(kind)}, got {value!r}"
+        if self.beyond_limit(value):
+            return f"expected {self.full_text(kind)}, got {value!r}"
+        return None
 
+
+def _as_number(value: Any) -> Optional[float]:
+    """`value` as a float; None when it is no number; inf when it is an integer too large for a float."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+    except (TypeError, ValueError):
+        return None
+
+
+def number_text(value: float) -> str:
+    """1000000 -> "1,000,000", 4294967295 -> "4,294,967,295", 10.0 -> "10", 0.5 -> "0.5"."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+# Limits past every real run (WILDS, SpuCo and DABS settings, the shipped search spaces): the largest lr any of
+# them uses is 4.8 (SwAV's LARS at batch 4096), the longest stage 100,000 steps (DABS pre-training).
+MAX_COUNT = 1_000_000  # epochs, steps, batch sizes, crops, widths
+MAX_MAGNITUDE = 1e6  # penalties, weight decays, clip norms, step sizes
+MAX_RATE = 10.0  # learning rates and temperatures: beyond 10 nothing trains
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds are 32-bit; replicate seeds are drawn below it
 
 # The ranges most settings share; a redeclared field (a subclass's own default) reuses the base's constant.
-POSITIVE = Allowed(low=0, low_open=True)  # learning rates, temperatures
-NON_NEGATIVE = Allowed(low=0)  # penalties, weight decays
-AT_LEAST_ONE = Allowed(low=1)  # counts: epochs, steps, batch sizes
+# Every numeric setting declares both ends: its meaning's bounds, or a `limit` where the meaning has none.
+POSITIVE = Allowed(low=0, low_open=True, limit=MAX_RATE)  # learning rates, temperatures
+NON_NEGATIVE = Allowed(low=0, limit=MAX_MAGNITUDE)  # penalties, weight decays
+AT_LEAST_ONE = Allowed(low=1, limit=MAX_COUNT)  # counts: epochs, steps, batch sizes
+AT_LEAST_TWO = Allowed(low=2, limit=MAX_COUNT)  # counts that need two: batch sizes, folds, prototypes, crops
+COUNT = Allowed(low=0, limit=MAX_COUNT)  # counts that may be zero: prefetched batches, extra crops
 PROBABILITY = Allowed(low=0, high=1)  # confidence thresholds, dropout
 OPEN_FRACTION = Allowed(low=0, high=1, low_open=True, high_open=True)  # a share that must leave something on both sides
+SEED = Allowed(low=0, high=MAX_SEED, words="an integer in [0, 2^32 - 1]")
 
 
 @dataclass(frozen=True)
@@ -162,7 +208,7 @@ def allowed_text(field: dataclasses.Field) -> str:
     """The field's allowed range in words: its `Allowed`, else what its type alone admits; ", or none" if Optional."""
     kind = FieldType.of(field.type)
     allowed = declared(field).allowed
-    text = allowed.text(kind.kind) if allowed else TYPE_RANGES[kind.kind]
+    text = allowed.full_text(kind.kind) if allowed else TYPE_RANGES[kind.kind]
     return f"{text}, or none" if kind.optional else text
 
 

@@ -50,6 +50,7 @@ BENCHMARK_TAG = "raybench.benchmark"
 STATE_TAG = "raybench.state"  # running, interrupted, finished, failed: what `raybench results` reports
 DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the sweep, to tell a dead one
 RESUME_TAG = "raybench.resume_command"
+LOCK_TAG = "raybench.lock"  # the sweep lock on --storage its driver holds, and who (host, pid) took it
 BLIND_TAG = "raybench.selection_blind"
 # MLflow 3's UI opens an experiment of this kind on its runs table (nested trials under the sweep), where an
 # untagged one lands on the GenAI traces overview ("No data available").
@@ -113,6 +114,8 @@ def check_uri(uri: str) -> None:
             problem = None if path.is_file() else writable_dir_problem(path.parent)
             if path.exists() and not path.is_file():
                 problem = f"{str(path)!r} is not a file"
+            if problem is None and path.is_file():  # a damaged store: one line now, not SQLAlchemy's traceback later
+                problem = sqlite_damage(path)
             if problem:
                 raise TrackingError(f"cannot use the SQLite database {str(path)!r}: {problem}")
 
@@ -607,6 +610,37 @@ def sweep_state(parent: Any) -> SweepState:
     return SweepState(state, tags.get(RESUME_TAG))
 
 
+@dataclass(frozen=True)
+class RecordedSweep:
+    """A sweep's parent run as the store has it: the flags it was started with (its params, as logged) and
+    where it stands, so a new driver can tell an existing sweep and a resume with changed flags apart."""
+
+    run_id: str
+    params: dict[str, str]
+    status: str  # MLflow's: RUNNING, FINISHED, KILLED, FAILED
+    state: SweepState
+
+
+def find_recorded_sweep(uri: str, name: str) -> Optional[RecordedSweep]:
+    """The parent run of sweep `name` in the store at `uri`, read without writing anything: None when the
+    store has no such run, or is no MLflow store yet (a SQLite file that is missing or has no MLflow tables).
+    Such a file is not opened: MlflowClient would create the schema, which the sweep's own tracker does once
+    its driver holds the sweep lock, so two drivers never race to create it."""
+    if _missing_sqlite_file(uri) is not None or _not_an_mlflow_sqlite_file(uri) is not None:
+        return None
+    check_reachable(uri)
+    client = CountedClient(MlflowClient(tracking_uri=credentials_to_environment(uri)))
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'",
+                              max_results=1, order_by=["attributes.start_time DESC"])
+    if not runs:
+        return None
+    run = runs[0]
+    return RecordedSweep(run.info.run_id, dict(run.data.params), run.info.status, sweep_state(run))
+
+
 def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
     """The sweep's figures (the parent run's artifact folder `plots`) copied into `directory`."""
     client = MlflowClient(tracking_uri=credentials_to_environment(uri))
@@ -711,6 +745,9 @@ def _not_an_mlflow_sqlite_file(uri: str) -> Optional[str]:
     path = Path(rest.split("?")[0])
     import sqlite3
 
+    damage = sqlite_damage(path)
+    if damage is not None:
+        return f"{str(path)!r} is {damage}"
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -719,6 +756,23 @@ def _not_an_mlflow_sqlite_file(uri: str) -> Optional[str]:
     if not MLFLOW_TABLES <= tables:
         found = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "") if tables else "none"
         return f"{str(path)!r} has no MLflow tables (its tables: {found}); reading commands never create them"
+    return None
+
+
+def sqlite_damage(path: Path) -> Optional[str]:
+    """Why an existing SQLite file cannot be read whole, read without writing to it: not a database at all (random
+    bytes), or pages cut off or overwritten (a truncated copy), which SQLite finds only when a query reaches them.
+    `PRAGMA quick_check` reads every page of every table and index once (about a second per few hundred MB), so
+    every command meets a damaged store in one line before MLflow opens it. None for a sound file."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            found = [str(row[0]) for row in db.execute("PRAGMA quick_check(3)")]
+    except sqlite3.DatabaseError as err:
+        return f"not a readable SQLite database ({err})"
+    if found != ["ok"]:
+        return f"a damaged SQLite database (SQLite's quick_check: {' '.join(' '.join(found).split())[:300]})"
     return None
 
 

@@ -100,8 +100,21 @@ def processes_under(path: str) -> list:
     path = os.path.normpath(path)
     assert path not in ("/", "/tmp", tempfile.gettempdir()), f"refusing to match every process under {path}"
     names = re.compile(r"(?:^|[=:,\s'\"])" + re.escape(path) + r"(?:/|$|[:,\s'\"])")
-    return [proc for proc in psutil.process_iter(["cmdline"])
-            if proc.pid != os.getpid() and any(names.search(arg) for arg in proc.info["cmdline"] or ())]
+    found = [proc for proc in psutil.process_iter(["cmdline"])
+             if proc.pid != os.getpid() and any(names.search(arg) for arg in proc.info["cmdline"] or ())]
+    return found + [proc for proc in recorded_under(path) if proc.pid not in {p.pid for p in found}]
+
+
+def recorded_under(path: str) -> list:
+    """The processes that raybench's driver records list for the private Rays under `path` (as RAY_TMPDIR or as
+    Ray's own temp folder): Ray retitles its agents (`ray::DashboardAgent`), so no command line names `path`."""
+    from raybench.sweep.leftovers import leftover_processes
+
+    found = {}
+    for root in (Path(path), Path(path) / "ray"):
+        found.update({proc.pid: proc for proc in leftover_processes(root, dead_drivers_only=False)
+                      if proc.pid != os.getpid()})
+    return list(found.values())
 
 
 def stop_processes_under(path: str, grace: float = 10.0) -> None:

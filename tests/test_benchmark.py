@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 from raybench.sweep.benchmark import Pair, sweep_command, BenchmarkOptions
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.tracking import PARENT_TAG
-from conftest import BIN, REPO, cli, processes_under, run_cli
+from conftest import BIN, REPO, cli, on_head, processes_under, run_cli
 
 GRIDS = REPO / "benchmarks" / "grids"
 SMOKE = {"selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function", "smoke": True}
@@ -173,15 +173,18 @@ def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_t
         assert cells and all(row[f"{c}.mean"] == own[f"best/{c}"]["mean"] for c in cells)
 
 
-def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, sweep_env):
-    body = {"name": "kill", **SMOKE, "replicates": 0, "max_concurrent_trials": 1,
+def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, ray_head):
+    """On the session's head (`--address`): the sweeps it starts outlive nothing but their benchmark. The 2x2
+    test above covers a benchmark on its own private local Ray."""
+    body = {"name": "kill", **SMOKE, "max_concurrent_trials": 1,
             "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral"]}]}
     path = write_yaml(tmp_path / "bench.yaml", body)
     uri, runs = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "runs"
-    args = ["benchmark", str(path), "--storage", str(runs), "--tracking-uri", uri, "--progress-every", "5"]
+    args = on_head(["benchmark", str(path), "--storage", str(runs), "--tracking-uri", uri, "--progress-every", "5"],
+                   ray_head)
     state_file = runs / "kill" / "benchmark.json"
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen([str(BIN / "raybench"), *args], env=sweep_env, cwd=tmp_path, stdout=log,
+        first = subprocess.Popen([str(BIN / "raybench"), *args], env=ray_head.env, cwd=tmp_path, stdout=log,
                                  stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 600
@@ -205,14 +208,14 @@ def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, sweep_
     # Stale: the kill came after the first pair's record, before or after the second's launch was recorded.
     assert json.loads(state_file.read_text())["pairs"]["kill-coral-digits-shift"]["status"] in ("waiting", "running")
 
-    resumed = run_cli([*args, "--resume"], sweep_env, tmp_path, timeout=900)
+    resumed = run_cli([*args, "--resume"], ray_head.env, tmp_path, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "erm on digits-shift: finished earlier (sweep kill-erm-digits-shift); not run again" in resumed.stdout
     assert "coral on digits-shift: started sweep kill-coral-digits-shift" in resumed.stdout
     assert {r.info.run_id for r in sweep_runs(client, erm_sweep.info.run_id)} == erm_runs  # nothing re-ran
     assert len(runs_of(client, "tags.stage = 'benchmark'")) == 1 and len(runs_of(client, "tags.stage = 'sweep'")) == 2
     [coral_sweep] = runs_of(client, "tags.`raybench.sweep` = 'kill-coral-digits-shift'")
-    assert coral_sweep.info.status == "FINISHED" and len(sweep_runs(client, coral_sweep.info.run_id)) == 1
+    assert coral_sweep.info.status == "FINISHED" and len(sweep_runs(client, coral_sweep.info.run_id)) == 2  # trial, replicate
     erm_log = (runs / "kill" / "logs" / "kill-erm-digits-shift.log").read_text()
     assert erm_log.count("=====") == 1  # launched once, in the first invocation only
 

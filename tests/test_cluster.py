@@ -121,10 +121,15 @@ def test_worker_nodes_take_the_blocks_after_the_heads_and_bad_settings_are_refus
     assert not (fake_bin / "ran").exists(), "a refusal started something: " + (fake_bin / "ran").read_text()
 
 
-def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env, tmp_path):
+def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env, tmp_path, capsys):
+    """Two local heads side by side (each with its own MLflow server and ports). Each takes a probe job that
+    names its GCS; cluster a, started in an empty RAY_TEMP_DIR it adopts, also runs cluster/rayjob.yaml's own
+    sweep entrypoint against its HTTP MLflow server. Stopping a leaves b whole; stopping b leaves nothing."""
     base_a = free_port_base()
     base_b = free_port_base(avoid=(base_a,))
-    envs = {name: cluster_env(sweep_env, tmp_path, name, base) for name, base in (("a", base_a), ("b", base_b))}
+    ray_tmp_a = sweep_env["RAY_TMPDIR"]  # an empty folder given as RAY_TEMP_DIR is adopted (and marked)
+    envs = {"a": cluster_env(sweep_env, tmp_path, "a", base_a, RAY_TEMP_DIR=ray_tmp_a),
+            "b": cluster_env(sweep_env, tmp_path, "b", base_b)}
     plans = {name: port_plan(env) for name, env in envs.items()}
     states = {name: Path(env["RAYBENCH_CLUSTER_DIR"]) for name, env in envs.items()}
     try:
@@ -143,7 +148,8 @@ def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env,
             assert not strays, f"cluster {name} listens outside its port plan: {strays}"
             for role in ("RAY_PORT", "DASHBOARD_PORT", "RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT", "MLFLOW_PORT"):
                 assert answers(plan[role]), f"cluster {name}: nothing answers on {role}={plan[role]}"
-            # A job submitted right after local-up runs, and on this cluster, not on the other one.
+            # A job submitted right after local-up runs (no retries: local-up returns only once the job agent
+            # has run a job), and on this cluster, not on the other one.
             probe = "import ray; ray.init(); print('GCS', ray.get_runtime_context().gcs_address)"
             job = subprocess.run(
                 [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{plan['DASHBOARD_PORT']}",
@@ -151,14 +157,15 @@ def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env,
                 env=env, capture_output=True, text=True, timeout=300)
             assert job.returncode == 0 and "succeeded" in job.stdout, job.stdout[-3000:] + job.stderr[-3000:]
             assert f":{plan['RAY_PORT']}\n" in job.stdout, job.stdout[-3000:]
+        assert Path((states["a"] / "ray_temp_dir").read_text().strip()) == Path(ray_tmp_a)
+        submit_the_manifests_sweep(envs["a"], plans["a"], tmp_path, capsys)
 
         pids_b = recorded(states["b"])
-        ray_tmp_a = Path((states["a"] / "ray_temp_dir").read_text().strip())
         pids_a = recorded(states["a"])
         down = script("local-down.sh", envs["a"], timeout=180)
         assert down.returncode == 0, down.stderr
         assert not [pid for pid, created in pids_a if alive(pid, created)], "local-down.sh left Ray processes of a"
-        assert not processes_under(str(ray_tmp_a)) and not ray_tmp_a.exists()
+        assert not processes_under(ray_tmp_a) and not Path(ray_tmp_a).exists(), "local-down.sh kept a's temp dir"
         assert not [role for role, port in plans["a"].items() if not role.endswith("_WORKER_PORT") and answers(port)]
         assert not {"ray_temp_dir", "ray.pids", "mlflow.pid"} & {p.name for p in states["a"].iterdir()}
         assert all(alive(pid, created) for pid, created in pids_b), "stopping cluster a hit cluster b"
@@ -253,7 +260,7 @@ def manifest_entrypoint_at_smoke_size(mlflow_uri: str, storage: Path) -> list[st
     dataset for camelyon17, no GPUs, smoke size, and this test's storage and tracking server. Everything else
     (the algorithm, `--address auto`, `--max-concurrent`) is submitted as the manifest writes it."""
     words = shlex.split(yaml.safe_load((CLUSTER / "rayjob.yaml").read_text())["spec"]["entrypoint"])
-    overrides = {"--dataset": "digits-shift", "--trials": "2", "--replicates": "2", "--storage": str(storage),
+    overrides = {"--dataset": "digits-shift", "--trials": "2", "--replicates": "1", "--storage": str(storage),
                  "--tracking-uri": mlflow_uri}
     for flag, value in overrides.items():
         words[words.index(flag) + 1] = value
@@ -262,35 +269,21 @@ def manifest_entrypoint_at_smoke_size(mlflow_uri: str, storage: Path) -> list[st
     return [*words, "--smoke", "--name", "job"]
 
 
-def test_job_submission_to_a_local_head_with_an_http_mlflow_server(tmp_path, sweep_env, capsys):
-    ray_tmp = sweep_env["RAY_TMPDIR"]  # an empty folder given as RAY_TEMP_DIR is adopted (and marked)
-    env = cluster_env(sweep_env, tmp_path, "cluster", free_port_base(), RAY_TEMP_DIR=ray_tmp)
-    plan, state = port_plan(env), Path(env["RAYBENCH_CLUSTER_DIR"])
-    up = script("local-up.sh", env)
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
-        pids = recorded(state)
-        dashboard, mlflow_uri = f"http://127.0.0.1:{plan['DASHBOARD_PORT']}", f"http://127.0.0.1:{plan['MLFLOW_PORT']}"
-        # No retries: local-up returns only once the job agent has run a job.
-        entrypoint = manifest_entrypoint_at_smoke_size(mlflow_uri, tmp_path / "runs")
-        submit = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", str(REPO), "--", *entrypoint],
-            env=env, capture_output=True, text=True, timeout=600,
-        )
-        assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-3000:]
-        client = MlflowClient(tracking_uri=mlflow_uri)
-        experiment = client.get_experiment_by_name("raybench")
-        parent = client.search_runs([experiment.experiment_id], "tags.stage = 'sweep'")[0]
-        assert parent.info.status == "FINISHED" and parent.data.tags["algorithm"] == "dann"
-        children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-        assert sorted(r.data.tags["stage"] for r in children) == ["replicate", "replicate", "search", "search"]
-        results = cli(["results", "job", "--format", "json", "--tracking-uri", mlflow_uri], capsys)
-        assert results.returncode == 0 and json.loads(results.stdout)["name"] == "job"
-    finally:
-        down = script("local-down.sh", env, timeout=180)
-    assert down.returncode == 0, down.stderr
-    assert not [pid for pid, created in pids if alive(pid, created)], "local-down.sh left Ray processes running"
-    assert not processes_under(ray_tmp), "local-down.sh left Ray processes running"
-    assert not answers(plan["MLFLOW_PORT"]), "local-down.sh left MLflow running"
-    assert not Path(ray_tmp).exists(), "local-down.sh kept the temp dir it had marked"
-    assert not (state / "mlflow.pid").exists() and not (state / "ray_temp_dir").exists()
+def submit_the_manifests_sweep(env: dict, plan: dict[str, int], tmp_path: Path, capsys) -> None:
+    """cluster/rayjob.yaml's entrypoint, submitted with `ray job submit` to a local head, tracked on its HTTP
+    MLflow server: one parent sweep run with its trials and replicate nested, readable by `results`."""
+    dashboard, mlflow_uri = f"http://127.0.0.1:{plan['DASHBOARD_PORT']}", f"http://127.0.0.1:{plan['MLFLOW_PORT']}"
+    entrypoint = manifest_entrypoint_at_smoke_size(mlflow_uri, tmp_path / "runs")
+    submit = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", str(REPO), "--", *entrypoint],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-3000:]
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name("raybench")
+    parent = client.search_runs([experiment.experiment_id], "tags.stage = 'sweep'")[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["algorithm"] == "dann"
+    children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(r.data.tags["stage"] for r in children) == ["replicate", "search", "search"]
+    results = cli(["results", "job", "--format", "json", "--tracking-uri", mlflow_uri], capsys)
+    assert results.returncode == 0 and json.loads(results.stdout)["name"] == "job"

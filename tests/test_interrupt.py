@@ -1,5 +1,7 @@
-"""Ctrl-C ends a sweep as interrupted (exit 130, MLflow KILLED, a --resume line), and --resume finishes it
-exactly: replicates belong to the selected trial id and its derived seeds, whichever stage was cut short."""
+"""Ctrl-C ends a sweep as interrupted (exit 130, MLflow KILLED, a --resume line), SIGTERM (`ray job stop`,
+Kubernetes and Slurm preemption, sent to the driver alone) the same way with exit 143 and none of Ray's own
+signal dump, and --resume finishes it exactly: replicates belong to the selected trial id and its derived seeds,
+whichever stage was cut short."""
 from __future__ import annotations
 
 import json
@@ -29,8 +31,10 @@ def _completed(tmp_path: Path, pattern: str) -> list[Path]:
     return sorted((tmp_path / "runs").glob(f"{pattern}/completed/*.json"))
 
 
-def _interrupt_after(tmp_path: Path, env: dict, args: list[str], pattern: str) -> subprocess.CompletedProcess:
-    """Start the sweep, press Ctrl-C (SIGINT to its process group) once a run matching `pattern` finished."""
+def _interrupt_after(tmp_path: Path, env: dict, args: list[str], pattern: str,
+                     sig: signal.Signals = signal.SIGINT) -> subprocess.CompletedProcess:
+    """Start the sweep and, once a run matching `pattern` finished, press Ctrl-C (SIGINT to its process group)
+    or send SIGTERM to the driver process alone."""
     proc = subprocess.Popen([str(BIN / "raybench"), *args], env=env, cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + WAIT_S
@@ -38,7 +42,10 @@ def _interrupt_after(tmp_path: Path, env: dict, args: list[str], pattern: str) -
         time.sleep(0.5)
     assert proc.poll() is None, f"the sweep ended before it could be interrupted:\n{proc.communicate()[1][-3000:]}"
     assert _completed(tmp_path, pattern), f"no run of {pattern} finished within {WAIT_S} s"
-    os.killpg(proc.pid, signal.SIGINT)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(sig)
     try:
         out, err = proc.communicate(timeout=WAIT_S)
     finally:
@@ -53,28 +60,29 @@ def _runs(uri: str) -> list:
     return client.search_runs([client.get_experiment_by_name("raybench").experiment_id], "")
 
 
-def _assert_interrupted(proc: subprocess.CompletedProcess, uri: str, stage: str) -> None:
-    assert proc.returncode == 130, proc.stderr[-3000:]
+def _assert_interrupted(proc: subprocess.CompletedProcess, uri: str, stage: str, sig: signal.Signals) -> None:
+    assert proc.returncode == 128 + sig, proc.stderr[-3000:]
+    assert "SIGTERM received" not in proc.stderr, "Ray's own SIGTERM handler ran: " + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"raybench: sweep '{NAME}' interrupted during the {stage}") and last.endswith("--resume"), last
     statuses = {(r.data.tags.get("stage"), r.info.status) for r in _runs(uri)}
     assert ("sweep", "KILLED") in statuses and not any(status == "RUNNING" for _, status in statuses), statuses
 
 
-def test_ctrl_c_in_search_then_in_replicates_then_resume(tmp_path, sweep_env, capsys):
+def test_ctrl_c_in_search_then_sigterm_in_replicates_then_resume(tmp_path, sweep_env, capsys):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = _args(tmp_path)
 
     search_cut = _interrupt_after(tmp_path, sweep_env, args, f"{NAME}-search")
-    _assert_interrupted(search_cut, uri, "search")
+    _assert_interrupted(search_cut, uri, "search", signal.SIGINT)
     partial = json.loads((tmp_path / "runs" / NAME / "results" / "summary.json").read_text())
     assert partial["state"] == "interrupted during the search" and partial["selected"] is None
     assert not list((tmp_path / "runs").glob(f"{NAME}-replicate*")), "replicates ran after an interrupted search"
     shown = cli(["results", NAME, "--tracking-uri", uri], capsys)
     assert "INTERRUPTED" in shown.stdout and "--resume" in shown.stdout
 
-    replicate_cut = _interrupt_after(tmp_path, sweep_env, [*args, "--resume"], f"{NAME}-replicate-*")
-    _assert_interrupted(replicate_cut, uri, "replicates")
+    replicate_cut = _interrupt_after(tmp_path, sweep_env, [*args, "--resume"], f"{NAME}-replicate-*", signal.SIGTERM)
+    _assert_interrupted(replicate_cut, uri, "replicates", signal.SIGTERM)
 
     finished = run_cli([*args, "--resume"], sweep_env, tmp_path)
     assert finished.returncode == 0, finished.stderr[-4000:]

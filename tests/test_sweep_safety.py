@@ -57,7 +57,8 @@ def test_a_dead_address_fails_fast_with_one_line(tmp_path, sweep_env):
 def test_a_divergence_is_recorded_once_not_retried(tmp_path, ray_head):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     proc = run_cli(on_head(["sweep", "erm", *SMOKE, "--replicates", "0", "--executor", "function", "--name", "nan",
-                            "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--set", "lr=1e12"], ray_head),
+                            "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--set", "lr=10", "--set", "optimizer=sgd",
+                            "--set", "weight_decay=1000"], ray_head),  # SGD, lr 10 x decay 1000: overflows
                    ray_head.env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "runs" / "nan" / "results" / "summary.json").read_text())

@@ -15,7 +15,7 @@ from raybench.algorithms.groups import parse_grid
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
-from raybench.settings import Allowed, setting
+from raybench.settings import AT_LEAST_TWO, setting
 
 if TYPE_CHECKING:  # scikit-learn is imported when a probe is fitted: it costs seconds in every Ray worker
     from sklearn.pipeline import Pipeline
@@ -28,7 +28,7 @@ C_PARAM = "svc__C"
 class NeWTHparams(FrozenHparams):
     c_grid: str = setting(NEWT_C_GRID, help="the SVM's C values tried (comma-separated, each > 0); "
                                             "cross-validation on train picks one")
-    folds: int = setting(3, allowed=Allowed(low=2), help="cross-validation folds on train")
+    folds: int = setting(3, allowed=AT_LEAST_TWO, help="cross-validation folds on train")
 
     def __post_init__(self) -> None:
         if any(c <= 0 for c in parse_grid(self.c_grid, "c_grid")):

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from raybench.algorithms.base import Hparams, RoundContext, StageModel
 from raybench.models.base import FeaturizerHead
-from raybench.settings import AT_LEAST_ONE, POSITIVE, Allowed, setting
+from raybench.settings import AT_LEAST_ONE, POSITIVE, SEED, Allowed, setting
 
 PHASES = ("finetune", "pretext")
 PRETRAIN_STAGE = "pretrain"
@@ -35,7 +35,7 @@ class PretrainHparams(Hparams):
     pretrain_steps: Optional[int] = setting(None, allowed=AT_LEAST_ONE,
                                             help="at most this many steps per pre-training epoch; none: the whole "
                                                  "split")
-    pretrain_seed: Optional[int] = setting(0, help="fixed: replicates share one pre-training; none: one per "
+    pretrain_seed: Optional[int] = setting(0, allowed=SEED, help="fixed: replicates share one pre-training; none: one per "
                                                    "replicate seed")
     pretrain_from: Optional[str] = setting(None, help="starting weights: none = the model's own (random for CNNs), "
                                                       "or a local file")

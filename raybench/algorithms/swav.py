@@ -16,7 +16,7 @@ from raybench.algorithms.pretext import (
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
-from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Allowed, setting
+from raybench.settings import AT_LEAST_ONE, AT_LEAST_TWO, NON_NEGATIVE, POSITIVE, Allowed, setting
 
 
 @dataclass
@@ -31,8 +31,8 @@ class SwAVHparams(PretrainHparams):
 
     augment: bool = setting(True, per_dataset=True, help="strong augmentation in fine-tuning (ERM+aug); off where "
                                                          "a dataset has none")
-    prototypes: int = setting(30, allowed=Allowed(low=2), per_dataset=True, help="K, the number of prototypes")
-    high_crops: int = setting(2, allowed=Allowed(low=2), per_dataset=True,
+    prototypes: int = setting(30, allowed=AT_LEAST_TWO, per_dataset=True, help="K, the number of prototypes")
+    high_crops: int = setting(2, allowed=AT_LEAST_TWO, per_dataset=True,
                               help="assignment crops (codes are computed on these)")
     high_size: int = setting(16, allowed=AT_LEAST_ONE, per_dataset=True, help="px of a high-resolution crop")
     low_crops: int = setting(4, allowed=NON_NEGATIVE, per_dataset=True, help="low-resolution crops per image")

@@ -14,6 +14,7 @@ never re-runs a finished pair, even one that finished after the benchmark itself
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import queue
 import signal
@@ -23,10 +24,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, IO, Optional
+from typing import Any, Callable, IO, Optional, Sequence
 
 from raybench.paths import inside, writable_dir_problem
-from raybench.sweep.benchmark_file import Benchmark, Pair, Refused
+from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.errors import OptionError, SweepExists
 from raybench.sweep.progress import duration
 from raybench.sweep.results import write_text_atomically
@@ -48,6 +49,7 @@ class BenchmarkOptions:
     resume: bool = False
     resume_command: Optional[str] = None
     progress_every_s: float = 30.0
+    force: bool = False  # with resume: go on under a benchmark file that changed since the benchmark started
 
 
 @dataclass
@@ -92,9 +94,40 @@ def bench_dir(storage: Path, benchmark: Benchmark) -> Path:
     return storage / benchmark.name
 
 
+class DamagedSummary(ValueError):
+    """A sweep's `results/summary.json` under --storage that cannot be read (cut short, not JSON, not shaped like
+    a summary): named in one line, and its pair counts as not finished, so its sweep runs again with --resume
+    (which writes the file anew) while the other pairs go on."""
+
+
 def sweep_summary(storage: Path, pair: Pair) -> Optional[dict[str, Any]]:
+    """The pair's sweep's results; None before it wrote them; a DamagedSummary naming a file no reader can use."""
+    from raybench.tracking import summary_damage
+
     path = storage / pair.sweep / "results" / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # a cut file, stray bytes (UnicodeDecodeError is a ValueError)
+        raise DamagedSummary(f"{path} is damaged: not JSON ({one_line(str(err))})") from None
+    damage = summary_damage(summary)
+    if damage is not None:
+        raise DamagedSummary(f"{path} is damaged: {damage}")
+    return summary
+
+
+def summary_status(storage: Path, pair: Pair) -> tuple[Optional[tuple[str, str]], str]:
+    """(finished_status of the pair's summary, "") or, for a damaged summary, (None, why it is damaged)."""
+    try:
+        return finished_status(sweep_summary(storage, pair)), ""
+    except DamagedSummary as err:
+        return None, str(err)
+
+
+def one_line(text: str, length: int = 200) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= length else line[:length] + "..."
 
 
 def finished_status(summary: Optional[dict[str, Any]]) -> Optional[tuple[str, str]]:
@@ -102,7 +135,8 @@ def finished_status(summary: Optional[dict[str, Any]]) -> Optional[tuple[str, st
     if summary is None or summary.get("state") != "finished":
         return None
     if summary.get("selected") is None:
-        reasons = sorted({t.get("reason") or t.get("status", "") for t in summary.get("trials", [])})
+        trials = [t for t in summary.get("trials", []) if isinstance(t, dict)]
+        reasons = sorted({str(t.get("reason") or t.get("status", "")) for t in trials})
         return "failed", f"no trial finished ({'; '.join(r for r in reasons if r)[:300] or 'no trials'})"
     return "finished", ""
 
@@ -113,23 +147,104 @@ def runs_done(storage: Path, pair: Pair) -> int:
     return sum(len(list(folder.glob("*.json"))) for folder in folders if folder.is_dir())
 
 
+@dataclass(frozen=True)
+class SavedState:
+    """What `benchmark.json` holds: each pair's record and the grid the benchmark runs (None when the file was
+    written before grids were recorded); `damage` says why the file could not be read (then both are empty)."""
+
+    pairs: dict[str, Any]
+    grid: Optional[dict[str, Any]]
+    damage: str = ""
+
+
+def read_state(path: Path) -> SavedState:
+    """The benchmark's own record; a damaged one is reported, never a traceback: what is finished is read from
+    each sweep's own results anyway."""
+    if not path.is_file():
+        return SavedState({}, None)
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return SavedState({}, None, f"{path} is damaged: not JSON ({one_line(str(err))})")
+    if not isinstance(body, dict) or not isinstance(body.get("pairs", {}), dict):
+        return SavedState({}, None, f"{path} is damaged: not a mapping with a mapping 'pairs'")
+    grid = body.get("grid")
+    return SavedState(body.get("pairs", {}), grid if isinstance(grid, dict) else None)
+
+
 def load_records(path: Path, benchmark: Benchmark) -> dict[str, PairRecord]:
-    saved = json.loads(path.read_text()).get("pairs", {}) if path.is_file() else {}
-    names = {f.name for f in dataclasses.fields(PairRecord)}
-    return {p.sweep: PairRecord(**{k: v for k, v in saved[p.sweep].items() if k in names}) if p.sweep in saved
-            else PairRecord(p.sweep, p.dataset, p.method) for p in benchmark.pairs}
+    saved = read_state(path).pairs
+    return {p.sweep: _saved_record(saved.get(p.sweep), p) for p in benchmark.pairs}
+
+
+def _saved_record(entry: Any, pair: Pair) -> PairRecord:
+    """A pair's record as saved, keeping only the fields of the right type (a hand-edited or cut file cannot
+    break the benchmark); its status is read again from the sweep's own results before anything runs."""
+    record = PairRecord(pair.sweep, pair.dataset, pair.method)
+    if isinstance(entry, dict):
+        for name, kind in (("status", str), ("reason", str), ("attempts", int), ("exit_code", int),
+                           ("seconds", (int, float))):
+            value = entry.get(name)
+            if isinstance(value, kind) and not isinstance(value, bool):
+                setattr(record, name, value)
+    return record
 
 
 def save_records(path: Path, benchmark: Benchmark, records: dict[str, PairRecord]) -> None:
+    grid = grid_record(benchmark)
     body = {"name": benchmark.name, "file": str(benchmark.path),
             "pairs": {k: dataclasses.asdict(r) for k, r in records.items()},
-            "refused": [dataclasses.asdict(r) for r in benchmark.refused]}
+            "refused": [dataclasses.asdict(r) for r in benchmark.refused],
+            "grid": grid, "fingerprint": grid_fingerprint(grid)}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps(body, indent=2, sort_keys=True))
 
 
-def check_storage(benchmark: Benchmark, options: BenchmarkOptions) -> None:
-    """A new benchmark never lands on an old one's records, and --resume needs one; names stay inside storage."""
+# ----- the grid a benchmark runs, so a resume can tell an edited file ---------------------------------------
+def grid_record(benchmark: Benchmark) -> dict[str, Any]:
+    """What the benchmark file makes the pairs run: the settings every pair shares, and each pair's dataset, space
+    (by the content of its file), trials, replicates and `set`, as JSON holds them. Left out: the description and
+    the scheduling (max_concurrent_trials, sweeps_at_once), which change no result."""
+    pairs = {p.sweep: {"dataset": p.dataset, "space": p.space_digest, "trials": p.trials, "replicates": p.replicates,
+                       "set": {k: _cli_value(v) for k, v in sorted(p.fixed.items())}} for p in benchmark.pairs}
+    return {"selection": benchmark.selection, "seed": benchmark.seed, "executor": benchmark.executor,
+            "smoke": benchmark.smoke, "pairs": pairs}
+
+
+def grid_fingerprint(grid: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(grid, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def grid_change(saved: dict[str, Any], current: dict[str, Any], shown: int = 4) -> Optional[str]:
+    """The differences between the grid a benchmark started with and the file's now, in words; None if none."""
+    changes = [f"{key} {saved.get(key)!r} -> {current[key]!r}" for key in ("selection", "seed", "executor", "smoke")
+               if saved.get(key) != current[key]]
+    old = saved.get("pairs") if isinstance(saved.get("pairs"), dict) else {}
+    new = current["pairs"]
+    added, removed = [n for n in new if n not in old], [n for n in old if n not in new]
+    changes += [f"pairs added: {', '.join(added)}"] if added else []
+    changes += [f"pairs removed: {', '.join(removed)}"] if removed else []
+    for name in (n for n in new if n in old and old[n] != new[n]):
+        was = old[name] if isinstance(old[name], dict) else {}
+        changes += [f"{name}: {'its space file was edited' if key == 'space' else f'{key} {was.get(key)!r} -> {value!r}'}"
+                    for key, value in new[name].items() if was.get(key) != value]
+    if not changes:
+        return None
+    more = f"; and {len(changes) - shown} more" if len(changes) > shown else ""
+    return "; ".join(changes[:shown]) + more
+
+
+def check_storage(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
+    """A new benchmark never lands on an old one's records, and --resume needs one; names stay inside storage.
+
+    A resume runs the benchmark its file describes now, so the file must be the one the benchmark started with:
+    a changed file (pairs added or removed, other trials, replicates, `set`, selection, seed, executor, smoke, or
+    an edited space file) is refused in one line naming the change. `--force` resumes under the changed file: finished pairs are
+    kept as they are, the others run as the file says now, and the record takes the new grid. Returns the lines
+    to say before the run: what --force went past, a record that could not be read."""
+    if options.force and not options.resume:
+        raise OptionError("--force: expected only with --resume (it lets a resume go on under a changed benchmark "
+                          "file), got it without")
     problem = writable_dir_problem(options.storage)
     if problem:
         raise OptionError(f"--storage: {problem}")
@@ -146,6 +261,24 @@ def check_storage(benchmark: Benchmark, options: BenchmarkOptions) -> None:
     if taken:
         raise SweepExists(f"name: the sweep {taken[0]!r} of this benchmark already exists under {options.storage}; "
                           f"give the benchmark another name")
+    return _resume_notes(benchmark, options) if options.resume else []
+
+
+def _resume_notes(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
+    saved = read_state(bench_dir(options.storage, benchmark) / STATE_FILE)
+    if saved.damage:
+        return [f"warning: {saved.damage}; the file the benchmark started with is unknown, and each pair's own "
+                f"results say whether it finished"]
+    if saved.grid is None:  # recorded before grids were: nothing to compare with
+        return []
+    change = grid_change(saved.grid, json.loads(json.dumps(grid_record(benchmark))))
+    if change is None:
+        return []
+    if not options.force:
+        raise OptionError(f"--resume: {benchmark.path} changed since benchmark {benchmark.name!r} started ({change}); "
+                          f"resume with the file it started with, or pass --force to go on under this one")
+    return [f"warning: {benchmark.path} changed since the benchmark started ({change}); going on under it (--force): "
+            f"finished pairs are kept as they are"]
 
 
 # ----- one pair's sweep process -------------------------------------------------------------------------
@@ -235,8 +368,10 @@ def run_benchmark(benchmark: Benchmark, options: BenchmarkOptions, say: Callable
     """Run every pair not finished yet, then compare the sweeps and attach the tables to the parent run."""
     from raybench.tracking import BenchmarkTracker, check_uri
 
-    check_storage(benchmark, options)
+    notes = check_storage(benchmark, options)
     check_uri(options.tracking_uri)
+    for note in notes:
+        say(note)
     tracker = BenchmarkTracker(options.tracking_uri)
     state_path = bench_dir(options.storage, benchmark) / STATE_FILE
     records = load_records(state_path, benchmark)
@@ -320,7 +455,9 @@ class PairRunner:
         """The pairs whose sweep has not finished, as its own results on disk say; the others are announced."""
         waiting = []
         for pair in self.benchmark.pairs:
-            done = finished_status(sweep_summary(self.options.storage, pair))
+            done, damage = summary_status(self.options.storage, pair)
+            if damage:
+                self.say(f"{pair.label}: {damage}; not counted as finished: its sweep runs again (resuming it)")
             record = self.records[pair.sweep]
             if done is not None and done[0] == "finished":
                 record.status, record.reason = done
@@ -358,13 +495,13 @@ def _record_end(job: Running, record: PairRecord, storage: Path, directory: Path
     job.log.close()
     code = job.process.returncode
     record.exit_code, record.seconds = code, record.seconds + time.time() - job.started
-    done = finished_status(sweep_summary(storage, job.pair))
+    done, damage = summary_status(storage, job.pair)
     if code == 0 and done is not None:
         record.status, record.reason = done
     elif code in INTERRUPTED_CODES or code == -signal.SIGTERM:
         record.status, record.reason = "interrupted", "stopped by a signal; --resume continues it"
     else:
-        record.status, record.reason = "failed", exit_reason(code, directory / "logs" / f"{job.pair.sweep}.log")
+        record.status, record.reason = "failed", damage or exit_reason(code, directory / "logs" / f"{job.pair.sweep}.log")
 
 
 def _stop(running: list[Running], ended: "queue.Queue[Running]", records: dict[str, PairRecord], storage: Path,
@@ -422,8 +559,10 @@ def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: A
     return directory
 
 
-def plan_text(benchmark: Benchmark) -> str:
-    """What the benchmark would run, without running it (`raybench benchmark FILE --plan`)."""
+def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
+    """What the benchmark would run, without running it (`raybench benchmark FILE --plan`); each pair that could
+    not be bound to its dataset here (`bind_pairs`) says so."""
+    unchecked = {b.pair.sweep: b.unchecked for b in bindings if b.unchecked}
     lines = [f"benchmark {benchmark.name} ({benchmark.path}): {len(benchmark.pairs)} sweeps, at most "
              f"{benchmark.max_concurrent_trials} trials at once ({benchmark.sweeps_at_once} sweeps x "
              f"{benchmark.trials_per_sweep} trials), selection {benchmark.selection}, executor {benchmark.executor}"
@@ -431,7 +570,12 @@ def plan_text(benchmark: Benchmark) -> str:
     for pair in benchmark.pairs:
         replicates = "the dataset's replicates" if pair.replicates is None else f"{pair.replicates} replicates"
         fixed = f"; set {', '.join(f'{k}={_cli_value(v)}' for k, v in pair.fixed.items())}" if pair.fixed else ""
-        lines.append(f"  {pair.label:34s} sweep {pair.sweep}: {pair.trials} trials, {replicates}{fixed}")
+        note = "; not checked here (see below)" if pair.sweep in unchecked else ""
+        lines.append(f"  {pair.label:34s} sweep {pair.sweep}: {pair.trials} trials, {replicates}{fixed}{note}")
+    if unchecked:
+        lines += ["", "not bound to their datasets here: their files are not on this machine (each sweep checks its "
+                      "pair before its own cluster work):"]
+        lines += [f"  {reason}" for reason in dict.fromkeys(unchecked.values())]
     if benchmark.refused:
         lines += ["", "not run:"] + [f"  {r.method} on {r.dataset}: {r.reason}" for r in benchmark.refused]
     return "\n".join(lines)

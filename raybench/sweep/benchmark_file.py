@@ -16,11 +16,14 @@ The format (documented with the shipped files in benchmarks/grids/README.md):
       - {dataset: digits-shift, space: dann, trials: 2, set: {penalty: 1.0}}
 
 Every error names the file, the key, the value and what was expected, in one line, as a search space's do.
-Checks that need a dataset's files (a WILDS root lives on the cluster) are left to each pair's own sweep,
-which makes them before its own cluster work; a pair failing them is recorded and the others go on.
+`bind_pairs` then binds each pair's space to its dataset exactly as the pair's own sweep will (`runner.prepare`),
+so `--plan` refuses what the run would. A dataset whose files are not on this machine (a WILDS root lives on the
+cluster) leaves its pairs to their own sweeps, which make the same checks before their own cluster work; a pair
+failing them is recorded and the others go on.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -28,22 +31,28 @@ from typing import Any, Optional, Union
 
 from raybench.data import DATASETS
 from raybench.paths import NAME_RULE, name_problem, safe_name
+from raybench.settings import MAX_SEED, number_text
 from raybench.sweep.runner import OWN_FLAGS
 from raybench.sweep.selection import SELECTIONS
-from raybench.sweep.space import load_space, read_yaml, resolve_path
+from raybench.sweep.space import is_file, load_space, quoted, read_yaml, resolve_path
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"name", "description", "selection", "seed", "trials", "replicates", "executor", "smoke",
             "max_concurrent_trials", "sweeps_at_once", "set", "grid", "exclude", "pairs"}
 PAIR_KEYS = {"dataset", "space", "trials", "replicates", "set"}
 EXECUTORS = ("train", "function")
+# Upper ends of the file's counts: past any real benchmark (WILDS 2.0: 10 trials, 10 replicates at most), so a
+# typo is one line at load, not a sweep that fails after Ray started.
+MAX_TRIALS = 10_000
+MAX_REPLICATES = 1_000
+MAX_CONCURRENT = 100_000
 
 
 class BenchmarkError(ValueError):
     """A malformed benchmark file: one line naming file, key, value and what was expected."""
 
     def __init__(self, path: Union[str, Path], key: str, value: Any, expected: str) -> None:
-        super().__init__(f"{path}: {key}: expected {expected}, got {value!r}")
+        super().__init__(f"{path}: {key}: expected {expected}, got {quoted(value)}")
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class Pair:
     trials: int
     replicates: Optional[int]  # None: the dataset's own count, as `raybench sweep`
     fixed: dict[str, Any] = field(default_factory=dict)
+    space_digest: str = ""  # sha256 of the space file as loaded: a resume tells an edited space from the same one
 
     @property
     def label(self) -> str:
@@ -101,7 +111,7 @@ class Benchmark:
 
 def load_benchmark(path_text: str) -> Benchmark:
     path = Path(path_text)
-    if not path.is_file():
+    if not is_file(path):
         raise BenchmarkError(path, "file", str(path), "an existing benchmark YAML file")
     return parse_benchmark(read_yaml(path), path)
 
@@ -114,33 +124,36 @@ def parse_benchmark(data: Any, path: Path) -> Benchmark:
     if not isinstance(name, str) or name_problem(name):
         raise BenchmarkError(path, "name", name, NAME_RULE)
     selection = data.get("selection", "ood_val")
-    if selection not in SELECTIONS:
+    if not isinstance(selection, str) or selection not in SELECTIONS:
         raise BenchmarkError(path, "selection", selection, f"one of {', '.join(SELECTIONS.names())}")
     executor = data.get("executor", "train")
-    if executor not in EXECUTORS:
+    if not isinstance(executor, str) or executor not in EXECUTORS:
         raise BenchmarkError(path, "executor", executor, f"one of {', '.join(EXECUTORS)}")
     smoke = data.get("smoke", False)
     if not isinstance(smoke, bool):
         raise BenchmarkError(path, "smoke", smoke, "true or false")
-    cap = _count(data, "max_concurrent_trials", path, "max_concurrent_trials", 1, 2)
+    cap = _count(data, "max_concurrent_trials", path, "max_concurrent_trials", 1, 2, MAX_CONCURRENT)
     grid = _grid(data.get("grid"), path)
     excluded = _exclusions(data.get("exclude"), path, grid)
     runnable = [(d, s) for d, s in grid if (d, s) not in excluded]
     if not runnable:
         raise BenchmarkError(path, "grid", data.get("grid"), "at least one pair that `exclude` does not rule out")
-    at_once = _count(data, "sweeps_at_once", path, "sweeps_at_once", 1, min(cap, len(runnable)))
+    at_once = _count(data, "sweeps_at_once", path, "sweeps_at_once", 1, min(cap, len(runnable)), MAX_CONCURRENT)
     if at_once > cap:
         raise BenchmarkError(path, "sweeps_at_once", at_once, f"at most max_concurrent_trials ({cap}), since every "
                                                                 f"running sweep runs at least one trial")
-    defaults = {"trials": _count(data, "trials", path, "trials", 1, 10),
-                "replicates": _count(data, "replicates", path, "replicates", 0, None),
+    defaults = {"trials": _count(data, "trials", path, "trials", 1, 10, MAX_TRIALS),
+                "replicates": _count(data, "replicates", path, "replicates", 1, None, MAX_REPLICATES),
                 "set": _settings(data.get("set"), path, "set")}
     overrides = _overrides(data.get("pairs"), path, runnable)
     pairs = [_pair(str(name), dataset, space, defaults, overrides.get((dataset, space), {}), path)
              for dataset, space in runnable]
     refused = [Refused(d, _space_path(s, path).stem, excluded[(d, s)]) for d, s in grid if (d, s) in excluded]
     _refuse_name_clashes(pairs, path)
-    return Benchmark(path, str(name), str(data.get("description", "")), selection, _count(data, "seed", path, "seed", 0, 0),
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise BenchmarkError(path, "description", description, "text")
+    return Benchmark(path, str(name), description, selection, _count(data, "seed", path, "seed", 0, 0, MAX_SEED),
                      executor, smoke, cap, at_once, pairs, refused)
 
 
@@ -150,12 +163,16 @@ def _no_unknown(data: dict, allowed: set[str], path: Path, prefix: str) -> None:
             raise BenchmarkError(path, f"{prefix}{key}", data[key], f"one of the keys {', '.join(sorted(allowed))}")
 
 
-def _count(data: dict, key: str, path: Path, where: str, minimum: int, default: Optional[int]) -> Any:
+def _count(data: dict, key: str, path: Path, where: str, minimum: int, default: Optional[int], maximum: int) -> Any:
+    """An integer in [minimum, maximum]; `replicates: 0` is refused by its minimum: a pair's row in the
+    comparison is the mean over its replicates, so a pair without any would end "finished" with no numbers."""
     value = data.get(key, default)
     if value is None and default is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise BenchmarkError(path, where, value, f"an integer >= {minimum}")
+    if value > maximum:
+        raise BenchmarkError(path, where, value, f"an integer >= {minimum}, at most {number_text(maximum)}")
     return value
 
 
@@ -191,7 +208,7 @@ def _grid(blocks: Any, path: Path) -> list[tuple[str, str]]:
 def _space_path(space: str, path: Path) -> Path:
     """A space name (search_spaces/NAME.yaml) or a YAML path, relative to the benchmark file's folder."""
     candidate = path.parent / space if space.endswith((".yaml", ".yml")) else resolve_path(space)
-    if not candidate.is_file():
+    if not is_file(candidate):
         raise BenchmarkError(path, "spaces", space, "a search-space name in search_spaces/ or a YAML file "
                                                     "(relative to the benchmark file)")
     return candidate
@@ -249,9 +266,9 @@ def _overrides(entries: Any, path: Path, runnable: list[tuple[str, str]]) -> dic
             raise BenchmarkError(path, key, f"{pair[1]} on {pair[0]}", "each pair overridden once")
         overrides: dict[str, Any] = {}
         if "trials" in entry:
-            overrides["trials"] = _count(entry, "trials", path, f"{key}.trials", 1, None)
+            overrides["trials"] = _count(entry, "trials", path, f"{key}.trials", 1, None, MAX_TRIALS)
         if "replicates" in entry:
-            overrides["replicates"] = _count(entry, "replicates", path, f"{key}.replicates", 0, None)
+            overrides["replicates"] = _count(entry, "replicates", path, f"{key}.replicates", 1, None, MAX_REPLICATES)
         if "set" in entry:
             overrides["set"] = _settings(entry.get("set"), path, f"{key}.set")
         found[pair] = overrides  # type: ignore[index]
@@ -270,7 +287,8 @@ def _pair(benchmark: str, dataset: str, space: str, defaults: dict[str, Any], ov
                              err.detail.partition(", got")[0].removeprefix("expected ")) from None
     method = space_path.stem
     return Pair(dataset, space, space_path, method, parsed.algorithm, safe_name(f"{benchmark}-{method}-{dataset}"),
-                override.get("trials", defaults["trials"]), override.get("replicates", defaults["replicates"]), fixed)
+                override.get("trials", defaults["trials"]), override.get("replicates", defaults["replicates"]), fixed,
+                hashlib.sha256(space_path.read_bytes()).hexdigest())
 
 
 def _refuse_name_clashes(pairs: list[Pair], path: Path) -> None:
@@ -281,3 +299,68 @@ def _refuse_name_clashes(pairs: list[Pair], path: Path) -> None:
             raise BenchmarkError(path, "grid", pair.space, f"spaces with distinct file names ({seen[pair.sweep].space} "
                                                            f"and {pair.space} both make sweep {pair.sweep!r})")
         seen[pair.sweep] = pair
+
+
+# ----- each pair on its dataset, as its sweep will bind it -------------------------------------------------------
+class PairError(BenchmarkError):
+    """A pair its own sweep would refuse on its dataset: one line naming the benchmark file, the pair, where the
+    refused value comes from (the file's `set`, `smoke`, or the space as it resolves on that dataset) and why."""
+
+    def __init__(self, path: Path, pair: Pair, source: str, detail: str) -> None:
+        ValueError.__init__(self, f"{path}: {pair.label}: {source}: {detail}")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A pair checked on its dataset, or why it could not be here: its dataset's files are not on this machine
+    (a WILDS root on the cluster), and its sweep makes the checks before its own cluster work."""
+
+    pair: Pair
+    unchecked: str = ""
+
+
+def bind_pairs(benchmark: Benchmark) -> list[Binding]:
+    """Every pair's space bound to its dataset with the settings its sweep gets, as `runner.prepare` binds it: the
+    first pair its sweep would refuse is a PairError. Each dataset is loaded once."""
+    from raybench.data import load_dataset
+
+    loaded: dict[str, Any] = {}
+    bindings = []
+    for pair in benchmark.pairs:
+        if pair.dataset not in loaded:
+            try:
+                loaded[pair.dataset] = load_dataset(pair.dataset)
+            except OSError as err:  # WILDS files, a Debian package's sources: where the sweep runs, maybe
+                loaded[pair.dataset] = f"{pair.dataset}: {err}"
+        dataset = loaded[pair.dataset]
+        if isinstance(dataset, str):
+            bindings.append(Binding(pair, dataset))
+            continue
+        _bind(benchmark, pair, dataset)
+        bindings.append(Binding(pair))
+    return bindings
+
+
+def _bind(benchmark: Benchmark, pair: Pair, dataset: Any) -> None:
+    """The pair's dry run: the search space on the dataset, the sweep's fixed settings, one full trial config."""
+    from raybench.sweep.runner import SMOKE_FIXED, _midpoints, command_line_overrides, sweep_space
+    from raybench.sweep.space import SpaceError
+
+    overrides = command_line_overrides(benchmark.smoke, pair.fixed)
+    try:
+        resolved = sweep_space(load_space(str(pair.space_path)), dataset, overrides)
+        metric = SELECTIONS.get(benchmark.selection).metric(dataset)
+        resolved.fixed.update({"selection_metric": metric, "seed": benchmark.seed, **overrides})
+        TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)
+    except SpaceError as err:
+        raise PairError(benchmark.path, pair, "its space", str(err)) from None
+    except ConfigError as err:
+        source = (f"set.{err.key}" if err.key in pair.fixed else
+                  f"smoke (which sets {err.key})" if benchmark.smoke and err.key in SMOKE_FIXED else
+                  f"{pair.space_path}: {err.key}, as the space resolves on {pair.dataset}")
+        raise PairError(benchmark.path, pair, source, err.detail) from None
+    except ValueError as err:  # the selection's split: `id_val` on a dataset without one
+        raise PairError(benchmark.path, pair, f"selection {benchmark.selection}", str(err)) from None
+    if not resolved.search and pair.trials > 1:
+        raise PairError(benchmark.path, pair, "trials", f"expected 1, since `set` fixes every setting "
+                                                        f"{pair.space_path.name} searches, got {pair.trials}")

@@ -13,6 +13,10 @@ class SweepExists(ValueError):
     """A sweep of that name already has results; nothing is overwritten without --resume."""
 
 
+class SweepBusy(ValueError):
+    """Another live driver holds the sweep's lock on --storage; the message names it (host, pid)."""
+
+
 class ClusterError(RuntimeError):
     """The cluster cannot be reached, or can never run what was asked of it; the message says which."""
 

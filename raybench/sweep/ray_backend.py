@@ -26,6 +26,7 @@ CPU-seconds and the GPU-seconds it held. Its completed record carries them (Comp
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -53,6 +54,7 @@ import ray  # noqa: E402
 import ray.train  # noqa: E402
 import ray.train.torch  # noqa: E402
 from ray import tune  # noqa: E402
+from ray._common.utils import get_default_ray_temp_dir  # noqa: E402
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback  # noqa: E402
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler  # noqa: E402
@@ -61,6 +63,9 @@ from ray.util.queue import Empty as QueueEmpty, Queue as RayQueue  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from raybench.sweep.errors import ClusterError  # noqa: E402
+from raybench.paths import StorageFull, disk_full_errno_in, inside, write_text_atomically  # noqa: E402
+from raybench.sweep.atomic_storage import atomic_local_filesystem  # noqa: E402
+from raybench.sweep.leftovers import forget_driver, record_driver, stop_dead_drivers_leftovers  # noqa: E402
 from raybench.sweep.progress import StageProgress  # noqa: E402
 from raybench.sweep.sampling import MAX_REDRAWS, SAMPLERS, config_key, optuna_distribution  # noqa: E402
 from raybench.sweep.space import ResolvedSpace, run_key  # noqa: E402
@@ -203,12 +208,16 @@ def connect(address: Optional[str], driver_slots: int) -> bool:
     """Join a cluster (`address`) or start a private local one; make sure trial drivers can be placed.
 
     Returns whether this call connected (so the caller disconnects again); False when Ray was already up.
+    First the processes that dead drivers' private Rays left on this host are stopped (leftovers.py); a private
+    Ray started here is recorded for the same reason. The caller's SIGTERM handler survives ray.init.
     """
     if ray.is_initialized():
         return False
+    stop_dead_drivers_leftovers(Path(get_default_ray_temp_dir()))  # where a private Ray keeps its sessions
     if address:
         probe_address(address)
-        ray.init(address=address, log_to_driver=False)
+        with callers_sigterm_kept():
+            ray.init(address=address, log_to_driver=False)
         if ray.cluster_resources().get(DRIVER_RESOURCE, 0) < 1:
             ray.shutdown()
             raise ClusterError(
@@ -218,9 +227,30 @@ def connect(address: Optional[str], driver_slots: int) -> bool:
         return True
     # Ray >= 2.59 turns token auth on for a local cluster and warns that it did, once per sweep: not news.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1)}, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    with callers_sigterm_kept():
+        ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1)}, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    node = ray._private.worker._global_node  # the Ray this process just started: its session and processes
+    record_driver(Path(node.get_session_dir_path()),
+                  [info.process.pid for infos in node.all_processes.values() for info in infos])
     return True
+
+
+@contextlib.contextmanager
+def callers_sigterm_kept() -> Any:
+    """Put the caller's SIGTERM handler back after `ray.init`, which replaces it twice: in Python with one that
+    calls sys.exit(15) (worker.py's `init`), and in C, when the core worker starts, with its failure-signal
+    handler, which prints `*** SIGTERM received ...` before passing the signal on. A sweep stopped by SIGTERM
+    (`ray job stop`, Kubernetes or Slurm preemption) then died mid-search with its runs FAILED and no resume
+    line. `signal.signal` installs the C handler too, so putting the Python handler back undoes both. A caller
+    without a handler of its own keeps Ray's (which exits, and shuts Ray down on the way)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    keep = callable(previous) and threading.current_thread() is threading.main_thread()
+    try:
+        yield
+    finally:
+        if keep:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def start_shared_cluster(driver_slots: int) -> str:
@@ -293,8 +323,13 @@ def _bundles_on(node: dict[str, float], need: dict[str, float]) -> int:
 
 
 def shutdown() -> None:
+    """Disconnect; a private local Ray this process started stops, and its driver record goes with it."""
     if ray.is_initialized():
+        node = ray._private.worker._global_node
+        session = Path(node.get_session_dir_path()) if node is not None else None
         ray.shutdown()
+        if session is not None:
+            forget_driver(session)
 
 
 # ----- reporting from inside a trial ---------------------------------------------------------------------
@@ -357,9 +392,7 @@ class CompletedRuns:
 
     def save(self, key: str, metrics: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self._path(key).with_suffix(".tmp")
-        tmp.write_text(json.dumps(metrics, default=str))
-        os.replace(tmp, self._path(key))
+        write_text_atomically(self._path(key), json.dumps(metrics, default=str))
 
 
 class StopRequests:
@@ -491,6 +524,7 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
             ),
             run_config=ray.train.RunConfig(
                 name=name, storage_path=str(spec.storage / spec.name / "train"),
+                storage_filesystem=atomic_local_filesystem(),  # Train's checkpoints whole or not at all
                 callbacks=[relay.callback()],
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
                 failure_config=ray.train.FailureConfig(max_failures=resources.max_failures,
@@ -575,7 +609,8 @@ class DistinctOptunaSearch(OptunaSearch):
 # ----- experiments -------------------------------------------------------------------------------------------
 def _run_config(spec: RunSpec) -> tune.RunConfig:
     return tune.RunConfig(
-        name=spec.name, storage_path=str(spec.storage), callbacks=list(spec.callbacks),
+        name=spec.name, storage_path=str(spec.storage), callbacks=[*spec.callbacks, StorageWatch(spec.storage)],
+        storage_filesystem=atomic_local_filesystem(),  # Tune's state and checkpoints whole or not at all
         failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures if spec.executor == "function" else 0),
         verbose=0,
     )
@@ -595,16 +630,26 @@ def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.
     interrupted stage by its unfinished runs) and leaves its own SIGINT handler installed when no signal
     came: the caller's handler is put back, so a Ctrl-C between stages is not swallowed."""
     path = str(spec.storage / spec.name)
-    if resume and tune.Tuner.can_restore(path):
+    if resume and tune.Tuner.can_restore(path, storage_filesystem=atomic_local_filesystem()):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
+                                   storage_filesystem=atomic_local_filesystem(),
                                    restart_errored=False)
     else:
         tuner = make_tuner()
     handler = signal.getsignal(signal.SIGINT)
     try:
-        return tuner.fit()
+        grid = tuner.fit()
+    except Exception as err:
+        full = FULL_STORAGE.pop(str(spec.storage), None)
+        if full is not None:  # Tune tripped over what the full folder did to it
+            raise full from err
+        raise
     finally:
         signal.signal(signal.SIGINT, handler)
+    full = FULL_STORAGE.pop(str(spec.storage), None)
+    if full is not None:  # StorageWatch stopped the experiment: its unfinished trials resume from their checkpoints
+        raise full
+    return grid
 
 
 def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, seed: int, resume: bool) -> tune.ResultGrid:
@@ -764,6 +809,68 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.say(self.progress.finished(None, failed=True))
+
+
+# ----- a full --storage: stop as on Ctrl-C, so that --resume continues exactly ------------------------------
+FULL_STORAGE: dict[str, StorageFull] = {}  # per --storage folder: what filled it, for _fit_or_resume to raise
+
+
+class StorageWatch(tune.Callback):
+    """Stops the experiment when a trial failed because a folder filled up (ENOSPC) or a quota ran out
+    (EDQUOT): every later checkpoint would fail the same way, and a trial that used up its retries on it would
+    stay failed for good. Tune is stopped as on Ctrl-C, so a trial that was about to be retried stays unfinished
+    in Tune's saved state and `--resume` continues it from its last checkpoint once space is freed;
+    `_fit_or_resume` then raises the StorageFull recorded here. A trial with no retry left (`--max-failures 0`,
+    or a Train-executor trial, which Ray Train retried already) has been marked failed by Tune before this sees it."""
+
+    def __init__(self, storage: Path) -> None:
+        self.storage = Path(storage)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._check(trial)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._check(trial)
+
+    def _check(self, trial: Any) -> None:
+        text = _error_text(trial)
+        code = disk_full_errno_in(text)
+        if code is None or str(self.storage) in FULL_STORAGE:
+            return
+        FULL_STORAGE[str(self.storage)] = _storage_full(self.storage, trial, text, code)
+        _stop_tune()
+
+
+def _storage_full(storage: Path, trial: Any, text: str, code: int) -> StorageFull:
+    """What filled up, in words: --storage (Ray's uploads name no file; raybench's own records name one inside
+    it) unless the error names a file elsewhere, such as the local temporary folder a checkpoint is staged in."""
+    named = re.search(r"\[Errno \d+\][^'\n]*'(/[^'\n]+)'", text)
+    if named and not inside(storage, Path(named.group(1))):
+        return StorageFull(Path(named.group(1)).parent, f"trial {trial.trial_id}'s files", code, flag="")
+    folder = getattr(trial, "path", None)
+    where = f" ({os.path.relpath(folder, storage)})" if folder and inside(storage, Path(folder)) else ""
+    return StorageFull(storage, f"a checkpoint or record of trial {trial.trial_id}{where}", code)
+
+
+def _error_text(trial: Any) -> str:
+    path = trial.error_file
+    return Path(path).read_text(errors="replace") if path and Path(path).is_file() else ""
+
+
+def _stop_tune() -> None:
+    """End the running Tune loop as Ctrl-C would, through the SIGUSR1 handler Tune installs while it runs in
+    the main thread: unfinished trials keep their saved state and checkpoints. Without that handler (Tune run
+    from another thread) the loop goes on, and the StorageFull is raised when it ends. Tune's handler runs within
+    raise_signal; its "Stop signal received (e.g. via SIGINT/Ctrl+C)" would blame a Ctrl-C nobody pressed."""
+    if threading.current_thread() is not threading.main_thread() or not callable(signal.getsignal(signal.SIGUSR1)):
+        return
+    tune_log = logging.getLogger("ray.tune.tune")
+    level = tune_log.level
+    tune_log.setLevel(logging.ERROR)
+    try:
+        signal.raise_signal(signal.SIGUSR1)
+    finally:
+        tune_log.setLevel(level)
 
 
 def error_reason(trial: Any) -> str:

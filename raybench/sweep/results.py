@@ -1,14 +1,14 @@
 """Result tables of a sweep: trials, the selected config and the replicate summary (WILDS Table 2 cells).
 
 Pure pandas, no Ray: the runner hands over plain records, this module shapes, summarises and
-writes them atomically (temp file + rename), so a crash never leaves a half-written table.
+writes them atomically (raybench.paths.write_atomically: temp file, fsync, rename), so a crash or a full
+disk never leaves a half-written table.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -17,6 +17,7 @@ import pandas as pd
 
 from raybench.budget import StepRatios
 from raybench.labels import SHIFT_SPLIT_LABELS
+from raybench.paths import write_atomically, write_text_atomically  # cli and benchmark import the latter from here
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
 STOPPED = "stopped early"  # finished when an early-stopping scheduler (ASHA) asked: selectable on its best epoch
@@ -183,24 +184,16 @@ def replicates_frame(replicates: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """A reader (or a crash) never sees half a file: write beside it, then rename over it."""
-    _atomic_write(Path(path), lambda p: p.write_text(text))
-
-
 def write_results(directory: Path, summary: dict[str, Any], trials: pd.DataFrame, replicates: pd.DataFrame) -> None:
+    """The tables, then the markdown, then `summary.json` last: each file all or nothing (a full disk leaves the
+    previous version or none, never half a file), and the record `results` and `benchmark --resume` trust is
+    only replaced once everything beside it was written."""
     directory.mkdir(parents=True, exist_ok=True)
     for name, frame in (("trials", trials), ("replicates", replicates)):
-        _atomic_write(directory / f"{name}.csv", lambda p, f=frame: f.to_csv(p, index=False))
-        _atomic_write(directory / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
-    _atomic_write(directory / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str)))
-    _atomic_write(directory / "summary.md", lambda p: p.write_text(markdown(summary)))
+        write_atomically(directory / f"{name}.csv", lambda p, f=frame: f.to_csv(p, index=False))
+        write_atomically(directory / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
+    write_text_atomically(directory / "summary.md", markdown(summary))
+    write_text_atomically(directory / "summary.json", json.dumps(summary, indent=2, sort_keys=True, default=str))
 
 
 def fmt(cell: Optional[dict[str, float]]) -> str:

@@ -7,6 +7,7 @@ checked before Ray starts.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +15,15 @@ from typing import Any, Mapping, Optional
 
 import raybench
 from raybench.data import ShiftDataset, load_dataset
-from raybench.paths import file_lock_problem, inside, name_problem, safe_name, writable_dir_problem
+from raybench.paths import (HeldLock, LockBusy, file_lock_problem, inside, lock_busy, name_problem, safe_name,
+                            storage_writes, take_lock, writable_dir_problem)
 from raybench.sweep import results as tables
-from raybench.sweep.errors import OptionError, SweepExists, SweepInterrupted
+from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
-from raybench.sweep.space import ResolvedSpace, SearchSpace, load_space
-from raybench.tracking import PROCESS_STATS, RESUME_TAG, SweepTracker, TrackingError, base_tags, check_uri, default_tracking_uri, redact_uri
+from raybench.sweep.space import Param, ResolvedSpace, SearchSpace, load_space
+from raybench.tracking import (LOCK_TAG, PROCESS_STATS, RESUME_TAG, RecordedSweep, SweepTracker, TrackingError, base_tags,
+                               check_uri, default_tracking_uri, find_recorded_sweep, flatten, redact_uri, summary_damage)
 
 
 SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
@@ -107,11 +110,27 @@ def sweep_space(space: SearchSpace, dataset: ShiftDataset, overrides: Mapping[st
     return resolved
 
 
+def dataset_for_trials(options: SweepOptions, space: SearchSpace) -> ShiftDataset:
+    """The dataset the trials will read: `data_dir` and `data_seed` from --set, else the space's fixed values, as
+    TrainConfig resolves them. The driver binds the space to this one, so a sweep on a WILDS root given only by
+    --set data_dir (or a generated dataset of another seed) is checked against what its trials load."""
+    chosen = {**space.fixed, **options.extra_fixed}
+    data_dir = chosen.get("data_dir")
+    try:
+        data_seed = int(chosen.get("data_seed", 0))
+    except (TypeError, ValueError):
+        raise OptionError(f"--set data_seed: expected a whole number, got {chosen['data_seed']!r}") from None
+    try:
+        return load_dataset(options.dataset, Path(str(data_dir)) if data_dir else None, data_seed)
+    except FileNotFoundError as err:  # WILDS data is never downloaded during a run
+        raise OptionError(f"--dataset {options.dataset}: {err}") from None
+
+
 def prepare(options: SweepOptions) -> Prepared:
     """Validate the space, the dataset, the options and the tracking server; raises with a clear message."""
     check_options(options)
     space = load_space(options.space)
-    dataset = load_dataset(options.dataset)
+    dataset = dataset_for_trials(options, space)
     selection = SELECTIONS.get(options.selection)
     metric = selection.metric(dataset)
     trials = options.trials if options.trials is not None else (2 if options.smoke else 10)
@@ -137,6 +156,9 @@ def prepare(options: SweepOptions) -> Prepared:
     uri = options.tracking_uri or default_tracking_uri()
     check_uri(uri)
     name = options.sweep_name(space.algorithm)
+    busy = lock_busy(sweep_lock_path(storage, name))
+    if busy is not None:  # a live driver explains an existing (or not yet existing) sweep better than its folders
+        raise sweep_busy(name, busy)
     _check_storage_for(name, storage, options.resume)
     return Prepared(options, name, resolved, space.algorithm, metric, selection.label(dataset), list(dataset.metric_names), uri, storage,
                     dry_run.epochs, report_layout(dataset))
@@ -183,6 +205,142 @@ def _check_storage_for(name: str, storage: Path, resume: bool) -> None:
         raise OptionError(f"--resume: no sweep named {name!r} under {storage} to resume; leave out --resume to start it")
 
 
+# ----- one driver per sweep, and a sweep is what it was started as -----------------------------------------
+LOCK_FOLDER = ".raybench-locks"  # under --storage; a sweep name never starts with a dot, so no sweep lands here
+
+# The recorded params (see _sweep_params) a --resume may not change, with the flag that sets each: they decide
+# what is trained and what is selected, and Tune's restore keeps the search it started (its sample count, its
+# searcher's seed and space), so a changed value would be ignored or would break the restored search. The
+# others only say where and how fast it runs (--address, --max-concurrent, --cpus-per-worker, --storage ...)
+# and may change. A space is compared by its content (algorithm, search, derived, fixed), not its spelling.
+RESUME_FIXED: dict[str, str] = {
+    "dataset": "--dataset", "smoke": "--smoke", "trials": "--trials", "replicates": "--replicates", "seed": "--seed",
+    "sampler": "--sampler", "selection": "--selection", "selection_metric": "--selection", "executor": "--executor",
+    "workers_per_trial": "--workers-per-trial", "scheduler": "--scheduler", "grace_period": "--grace-period",
+    "reduction_factor": "--reduction-factor", "algorithm": "SPACE (its algorithm)",
+}
+SPACE_CONTENT: dict[str, str] = {"space.searched": "SPACE (the settings it searches)",
+                                 "space.lr_center": "SPACE (its lr centre)"}
+# Recorded params whose name says which setting of the space they are, and the words that name it.
+SPACE_SETTINGS = {"space.fixed.": "the fixed setting {} (SPACE or --set)", "space.search.": "SPACE (its search of {})",
+                  "space.derived.": "SPACE (its derivation of {})"}
+# Recorded under space.fixed but set by a flag that may change (--storage may name the same folder another way).
+RESUME_FREE_FIXED = {"space.fixed.stage_cache"}
+NOT_RECORDED = "(not set)"
+
+
+def sweep_lock_path(storage: Path, name: str) -> Path:
+    return storage / LOCK_FOLDER / f"{name}.lock"
+
+
+def take_sweep_lock(prepared: Prepared) -> HeldLock:
+    """The sweep's lock on --storage, held by its driver until it ends: a second driver of the same sweep (two
+    starts at once, or a --resume while it runs) is refused, naming the live one. A lock whose driver died is
+    free (flock dies with its process) and is taken over, with a line saying so."""
+    path = sweep_lock_path(prepared.storage, prepared.name)
+    try:
+        lock = take_lock(path)
+    except LockBusy as busy:
+        raise sweep_busy(prepared.name, busy) from None
+    except OSError as err:
+        raise OptionError(f"--storage: cannot take the sweep lock {str(path)!r} ({err.strerror or err})") from None
+    if lock.previous is not None:
+        announce(f"sweep {prepared.name}: taking over the lock of a driver that is gone ({lock.previous.words()})")
+    return lock
+
+
+def sweep_busy(name: str, busy: LockBusy) -> SweepBusy:
+    holder = busy.holder.words() if busy.holder else "its host and pid not written"
+    return SweepBusy(f"--name: sweep {name!r} is being run by another live driver ({holder}; lock "
+                     f"{str(busy.path)!r}); wait for it to end, or stop it first")
+
+
+def check_recorded(prepared: Prepared, recorded: Optional[RecordedSweep]) -> None:
+    """A new sweep never reuses the parent run of an existing one (in any --storage), and a --resume continues
+    the sweep the tracking store recorded, with the flags it recorded: one line naming what differs."""
+    opts, store = prepared.options, redact_uri(prepared.tracking_uri)
+    if recorded is not None and not opts.resume:
+        raise SweepExists(f"--name: a sweep named {prepared.name!r} already exists in the tracking store {store} "
+                          f"(run {recorded.run_id}); pass --resume (with its --storage) to continue it, or another --name")
+    if recorded is None and opts.resume:
+        raise OptionError(f"--resume: sweep {prepared.name!r} has folders under {prepared.storage} but no parent run in "
+                          f"the tracking store {store}; resume it with the --tracking-uri it was started with")
+    if recorded is not None:
+        changed = changed_flag(recorded.params, flatten(_sweep_params(prepared)))
+        if changed is not None:
+            raise OptionError(changed)
+
+
+def changed_flag(recorded: dict[str, str], given: dict[str, str]) -> Optional[str]:
+    """The first flag whose value differs from the sweep's recorded one, as one line; None if none does.
+
+    Flags first, then fixed settings (--set), then the space's search: a `--set lr=...` is then named as
+    such, not as the search that lost `lr`. Only keys the sweep recorded are judged (an older raybench
+    recorded fewer): where the record predates `space.searched`, the space's name as given stands in for
+    its content."""
+    content_recorded = "space.searched" in recorded
+    keys = [key for key in RESUME_FIXED if key in recorded] + ([] if content_recorded else ["space"])
+    names = {*recorded, *given} - RESUME_FREE_FIXED
+    keys += sorted(key for key in names if key.startswith("space.fixed."))
+    if content_recorded:
+        keys += [key for key in SPACE_CONTENT if key in recorded]
+        keys += sorted(key for key in names if key.startswith(("space.search.", "space.derived.")))
+    for key in keys:
+        was, now = recorded.get(key, NOT_RECORDED), given.get(key, NOT_RECORDED)
+        if _same_value(was, now):
+            continue
+        if key == "trials":
+            why = ("Tune's restore continues the search it started and cannot extend it; for more trials start a "
+                   "new sweep with another --name")
+        else:
+            why = ("a resume continues the recorded sweep unchanged: give the flags it was started with, or start "
+                   "a new sweep with another --name")
+        return f"--resume: {_flag_of(key)} was {was} when this sweep started, got {now}; {why}"
+    return None
+
+
+def _flag_of(key: str) -> str:
+    """The flag (or file) a recorded param comes from, as the user would name it."""
+    if key == "space":
+        return "SPACE"
+    for prefix, words in SPACE_SETTINGS.items():
+        if key.startswith(prefix):
+            return words.format(key.removeprefix(prefix))
+    return {**RESUME_FIXED, **SPACE_CONTENT}[key]
+
+
+def _same_value(was: str, now: str) -> bool:
+    """Equal as recorded text, or as numbers (`1e-3` and `0.001`), or as words up to case (`none`, `None`)."""
+    if was == now or was.lower() == now.lower():
+        return True
+    try:
+        return float(was) == float(now)
+    except ValueError:
+        return False
+
+
+def finished_summary(prepared: Prepared, recorded: Optional[RecordedSweep]) -> Optional[dict[str, Any]]:
+    """The results of a sweep that already finished, by its parent run and by its summary under --storage;
+    None while there is anything left to do (a resume then continues it)."""
+    if recorded is None or recorded.state.state != "finished" or recorded.status != "FINISHED":
+        return None
+    path = prepared.storage / prepared.name / "results" / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if summary_damage(summary) is not None or summary.get("state") != "finished":
+        return None
+    return summary
+
+
+def _param_text(param: Param) -> str:
+    """A searched setting's distribution as a recorded param: what a resume's space must still search."""
+    if param.values:
+        return f"{param.distribution}({', '.join(map(str, param.values))})"
+    return f"{param.distribution}[{param.low}, {param.high}]"
+
+
 def _midpoints(space: ResolvedSpace) -> dict[str, Any]:
     return {n: p.values[0] if p.values else (p.low + p.high) / 2 for n, p in space.search.items()}
 
@@ -190,8 +348,24 @@ def _midpoints(space: ResolvedSpace) -> dict[str, Any]:
 def run_sweep(prepared: Prepared) -> dict[str, Any]:
     """Run a prepared sweep to the end; returns the summary that is also written to disk and MLflow.
 
+    First, before anything but the lock file is written: the sweep's lock (one driver per sweep), then the
+    tracking store's record of it (a new sweep never takes over an existing one; a resume keeps its flags).
+    A resume of a sweep that already finished returns its results and changes nothing.
+
     Raises SweepInterrupted when a signal cut it short: the parent run and every child still running are
     then marked KILLED, the partial results are written, and `--resume` continues exactly there."""
+    with take_sweep_lock(prepared) as lock:
+        recorded = find_recorded_sweep(prepared.tracking_uri, prepared.name)
+        check_recorded(prepared, recorded)
+        finished = finished_summary(prepared, recorded)
+        if finished is not None:
+            announce(f"sweep {prepared.name}: already finished; nothing to resume (its results, as recorded)")
+            return finished
+        return _run_locked(prepared, lock)
+
+
+def _run_locked(prepared: Prepared, lock: HeldLock) -> dict[str, Any]:
+    """The sweep itself, by the driver holding `lock`, which its parent run names (LOCK_TAG)."""
     tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
     if prepared.options.parent_run:
         try:
@@ -210,6 +384,7 @@ def run_sweep(prepared: Prepared) -> dict[str, Any]:
         if opts.resume_command:
             tags[RESUME_TAG] = opts.resume_command
         tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags, parent_run=opts.parent_run)
+        tracker.set_tags(tracker.parent_id, {LOCK_TAG: f"{lock.path} (host {lock.holder.host}, pid {lock.holder.pid})"})
         try:
             summary = _search_and_replicate(prepared, tracker, backend, resources, tags)
         except BaseException as err:
@@ -286,8 +461,12 @@ def _sweep_params(prepared: Prepared) -> dict[str, Any]:
     opts.pop("parent_run")
     opts["tracking_uri"] = redact_uri(prepared.tracking_uri)
     opts["address"] = redact_uri(opts["address"])
-    return {**opts, "selection_metric": prepared.selection_metric,
-            "space.fixed": prepared.space.fixed, "space.lr_center": prepared.space.lr_center}
+    space = prepared.space
+    return {**opts, "selection_metric": prepared.selection_metric, "algorithm": prepared.algorithm,
+            "space.searched": ",".join(sorted(space.search)) or "(none)",
+            "space.search": {name: _param_text(param) for name, param in space.search.items()},
+            "space.derived": {name: str(rule) for name, rule in space.derived.items()},
+            "space.fixed": space.fixed, "space.lr_center": space.lr_center}
 
 
 def space_scales(space: ResolvedSpace) -> dict[str, str]:
@@ -335,16 +514,19 @@ def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any
     curves = [plots.Curve(*curve) for curve in tracker.selection_curves(prepared.selection_metric, selected["trial_id"])] \
         if selected else []
     directory = prepared.storage / prepared.name / "plots"
-    plots.save(plots.sweep_figures(summary, summary["space_scales"], curves), directory)
+    with storage_writes(prepared.storage, f"the plots of sweep {prepared.name!r}"):
+        plots.save(plots.sweep_figures(summary, summary["space_scales"], curves), directory)
     tracker.log_artifacts(directory, "plots")
 
 
 def _record(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any], trials: list[dict[str, Any]],
             replicates: list[dict[str, Any]], selected: Optional[dict[str, Any]]) -> None:
-    """Results as CSV, Parquet, JSON and markdown, next to the Tune runs and on the parent MLflow run."""
+    """Results as CSV, Parquet, JSON and markdown, next to the Tune runs and on the parent MLflow run. Each file
+    is written all or nothing; a full --storage is one StorageFull naming the file, before MLflow is told."""
     summary["mlflow"] = {"experiment_id": tracker.experiment_id, "run_id": tracker.parent_id}
     directory = prepared.storage / prepared.name / "results"
-    tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates))
+    with storage_writes(prepared.storage, f"the results of sweep {prepared.name!r}"):
+        tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates))
     tracker.log_artifacts(directory, "results")
     headline = {f"replicates/{key}/{stat}": cell[stat] for key, cell in summary["replicates"]["summary"].items()
                 for stat in ("mean", "std")}

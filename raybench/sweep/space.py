@@ -97,7 +97,25 @@ class SearchSpace:
         base = TrainConfig.from_flat({"dataset": dataset.name, "algorithm": self.algorithm, **fixed}).resolve(dataset)
         center = dataset.defaults.lr_center or base.lr * (base.batch_size * base.grad_accum) / dataset.defaults.batch_size
         concrete = {name: _concrete(p, center) for name, p in search.items()}
+        for name, param in search.items():
+            if param.distribution == "lr":  # its bounds are known only now, on this dataset's centre
+                where = f"datasets.{dataset.name}.search" if name in override.get("search", {}) else "search"
+                _check_lr_range(concrete[name], param, self.path, f"{where}.{name}", self.algorithm, dataset.name, center)
         return ResolvedSpace(self.algorithm, dataset.name, concrete, fixed, derived, dataset.defaults.epochs, center)
+
+
+def _check_lr_range(concrete: Param, param: Param, path: Path, key: str, algorithm: str, dataset: str,
+                    center: float) -> None:
+    """An `lr` distribution's bounds, r / 10^decades and r * 10^decades, inside its setting's declared range: a
+    wide `decades` would otherwise draw learning rates (1e58) that fail only as trials on the cluster."""
+    for value in (concrete.low, concrete.high):
+        try:
+            TrainConfig.from_flat({"algorithm": algorithm, param.name: value})
+        except ConfigError as err:
+            expected = err.detail.partition(", got")[0].removeprefix("expected ")
+            raise SpaceError(path, f"{key}.decades", param.decades,
+                             f"a range whose ends are each {expected}; on {dataset}, r = {center:g}, so "
+                             f"r x 10^+-decades spans [{concrete.low:g}, {concrete.high:g}]") from None
 
 
 def _concrete(param: Param, lr_center: float) -> Param:
@@ -158,9 +176,17 @@ def run_key(config: Mapping[str, Any], stage: str) -> str:
 def resolve_path(name_or_path: str) -> Path:
     """A path as given, or the name of a file in search_spaces/ (`dann` -> search_spaces/dann.yaml)."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if path.suffix in (".yaml", ".yml") or is_file(path):
         return path
     return SEARCH_DIR / f"{name_or_path}.yaml"
+
+
+def is_file(path: Path) -> bool:
+    """Whether `path` is a file; a name the OS cannot even look up (too long, a NUL byte) is none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -209,7 +235,7 @@ def read_text(path: Path) -> str:
 
 def load_space(name_or_path: str) -> SearchSpace:
     path = resolve_path(name_or_path)
-    if not path.is_file():
+    if not is_file(path):
         known = ", ".join(sorted(p.stem for p in SEARCH_DIR.glob("*.yaml")))
         raise SpaceError(path, "file", str(path), f"an existing YAML file or one of: {known}")
     return parse_space(read_yaml(path), path)
@@ -277,7 +303,7 @@ def parse_space(data: Any, path: Path) -> SearchSpace:
         raise SpaceError(path, "(top level)", data, "a mapping with keys algorithm, search, fixed, derived, datasets")
     _no_unknown(data, TOP_KEYS, path, "")
     algorithm = data.get("algorithm")
-    if algorithm not in ALGORITHMS:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise SpaceError(path, "algorithm", algorithm, f"one of {', '.join(ALGORITHMS.names())}")
     section = _parse_section(data, path, "", algorithm)
     datasets = data.get("datasets") or {}
@@ -292,6 +318,8 @@ def parse_space(data: Any, path: Path) -> SearchSpace:
         _no_unknown(body, OVERRIDE_KEYS, path, f"datasets.{name}.")
         overrides[str(name)] = _parse_section(body, path, f"datasets.{name}.", algorithm)
     description = data.get("description", "")
+    if not isinstance(description, str):
+        raise SpaceError(path, "description", description, "text")
     return SearchSpace(path, algorithm, str(description), section["search"], section["fixed"], section["derived"], overrides)
 
 
@@ -344,11 +372,20 @@ def _check_value(name: str, value: Any, path: Path, key: str, algorithm: str) ->
         raise SpaceError(path, key, value, err.detail.partition(", got")[0].removeprefix("expected ")) from None
 
 
-def _number(spec: dict, field_name: str, path: Path, key: str) -> float:
+def _number(spec: dict, field_name: str, path: Path, key: str, limit: float = math.inf) -> float:
+    """A finite number of the file's own syntax (a bound, decades, a factor), at most `limit` in size."""
     value = spec.get(field_name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_BOUND <= value <= MAX_BOUND:
         raise SpaceError(path, f"{key}.{field_name}", value, "a finite number")
+    if abs(value) > limit:
+        raise SpaceError(path, f"{key}.{field_name}", value, f"a number of size at most {limit:g}")
     return float(value)
+
+
+# The largest bound a file may write (a float's own largest is 1.8e308; an int beyond it cannot become one).
+MAX_BOUND = 1e300
+MAX_DECADES = 10.0  # an `lr` distribution spans r / 10^decades to r * 10^decades; WILDS uses 1
+MAX_FACTOR = 100.0  # ratio_epochs: epochs = ceil(factor * E / (k + 1)); WILDS uses 1 and 2
 
 
 def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> Param:
@@ -368,7 +405,7 @@ def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> 
             _check_value(name, value, path, f"{key}.values[{i}]", algorithm)
         return Param(name, kind, values=tuple(values))
     if kind == "lr":
-        decades = _number(spec, "decades", path, key) if "decades" in spec else 1.0
+        decades = _number(spec, "decades", path, key, MAX_DECADES) if "decades" in spec else 1.0
         if decades <= 0:
             raise SpaceError(path, f"{key}.decades", decades, "a positive number")
         return Param(name, kind, decades=decades)
@@ -388,7 +425,7 @@ def _parse_derived(name: str, spec: Any, path: Path, key: str, algorithm: str) -
         got = spec.get("rule") if isinstance(spec, dict) else spec
         raise SpaceError(path, f"{key}.rule", got, f"one of {', '.join(DERIVED_RULES)}")
     _no_unknown(spec, {"rule", "factor"}, path, f"{key}.")
-    factor = _number(spec, "factor", path, key) if "factor" in spec else 2.0
+    factor = _number(spec, "factor", path, key, MAX_FACTOR) if "factor" in spec else 2.0
     if factor <= 0:
         raise SpaceError(path, f"{key}.factor", factor, "a positive number")
     return Derived(name, spec["rule"], factor)

@@ -11,18 +11,21 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import AbstractSet, Any, Mapping, Optional, Sequence
 
 from raybench.algorithms import ALGORITHMS
 from raybench.algorithms.base import coerce
 from raybench.data.base import ShiftDataset
 from raybench.models import MODELS, ModelSpec, build_model
 from raybench.budget import Budget, ProtocolRule, epoch_steps, plan
-from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Allowed, find_problem, setting
+from raybench.settings import (
+    AT_LEAST_ONE, AT_LEAST_TWO, COUNT, NON_NEGATIVE, POSITIVE, SEED, Allowed, FieldType, find_problem, setting,
+)
 from raybench.trainer.optim import OPTIMIZERS, SCHEDULES
 
 
 DEVICE_PATTERN = re.compile(r"cuda(?::(\d+))?")
+MAX_INPUT_SIZE = 16_384  # px a side: WILDS reads at most 448 (iWildCam); past this no image fits in memory
 DEVICE_PATTERN_TEXT = r"auto|cpu|" + DEVICE_PATTERN.pattern
 
 
@@ -50,7 +53,7 @@ class TrainConfig:
     momentum: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="SGD and LARS momentum; none: the dataset's")
     scheduler: Optional[str] = setting(None, allowed=Allowed(choices=tuple(k for k in SCHEDULES if k is not None)),
                                        help="learning-rate schedule; none: the dataset's (often constant)")
-    batch_size: Optional[int] = setting(None, allowed=Allowed(low=2), help="labeled + unlabeled examples per step; "
+    batch_size: Optional[int] = setting(None, allowed=AT_LEAST_TWO, help="labeled + unlabeled examples per step; "
                                                                            "none: the dataset's")
     unlabeled_ratio: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="k: k unlabeled per labeled example in a "
                                                                               "batch; none: the dataset's")
@@ -63,7 +66,7 @@ class TrainConfig:
                                                                           "the dataset's")
     patience: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="early stopping: epochs without a better "
                                                                        "selection metric; none: never stop early")
-    seed: int = setting(0, help="seeds the model, the batches and the augmentation")
+    seed: int = setting(0, allowed=SEED, help="seeds the model, the batches and the augmentation")
     epoch_fraction: Optional[float] = setting(None, allowed=Allowed(low=0.0, high=1.0, low_open=True),
                                               help="each epoch covers this share of the labeled training data, for "
                                                    "every method alike: the fair way to shorten runs (the WILDS "
@@ -74,15 +77,15 @@ class TrainConfig:
                                                       "epoch_fraction)")
     selection_metric: Optional[str] = setting(None, help="split/metric that picks the best epoch; none: the dataset's")
     data_dir: Optional[str] = setting(None, help="where datasets are cached; none: $RAYBENCH_DATA_DIR or the default")
-    data_seed: int = setting(0, help="seeds the generated datasets (digits-shift, spuco-*)")
+    data_seed: int = setting(0, allowed=SEED, help="seeds the generated datasets (digits-shift, spuco-*)")
     stage_cache: Optional[str] = setting(None, help="folder where earlier stages (reference models, pre-training) "
                                                     "are cached")
     device: str = setting("auto", allowed=Allowed(pattern=DEVICE_PATTERN_TEXT, words="auto, cpu or cuda[:N]"),
                           help="auto: a GPU when there is one")
     eval_batch_size: int = setting(512, allowed=AT_LEAST_ONE, help="examples per evaluation batch")
-    prefetch: int = setting(2, allowed=Allowed(low=0), help="batches read ahead of the step computing when inputs "
+    prefetch: int = setting(2, allowed=COUNT, help="batches read ahead of the step computing when inputs "
                                                             "come from disk; 0: read on demand")
-    input_size: Optional[int] = setting(None, allowed=Allowed(low=8), help="images read and models built at N x N "
+    input_size: Optional[int] = setting(None, allowed=Allowed(low=8, limit=MAX_INPUT_SIZE), help="images read and models built at N x N "
                                                                            "(WILDS datasets); none: the dataset's")
     hparams: dict[str, Any] = field(default_factory=dict)
 
@@ -95,9 +98,13 @@ class TrainConfig:
         """Split a flat dict into fields and algorithm hyperparameters, coercing and validating both."""
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         known = {k: v for k, v in values.items() if k in types and k != "hparams"}
-        hparams = {**values.get("hparams", {}), **{k: v for k, v in values.items() if k not in types}}
+        given = values.get("hparams", {})
+        if not isinstance(given, Mapping):  # `--set hparams=x`: the algorithm's settings go by their own names
+            raise ConfigError("hparams", f"expected a mapping of hyperparameters, got a {type(given).__name__}")
+        hparams = {**given, **{k: v for k, v in values.items() if k not in types}}
         fields = {}
         for key, value in known.items():
+            refuse_non_scalar(key, value, types[key])
             refuse_bool(key, value, types[key])
             try:
                 fields[key] = coerce(value, types[key], key)
@@ -117,6 +124,7 @@ class TrainConfig:
             raise ConfigError("algorithm", f"expected one of {', '.join(ALGORITHMS.names())}, got {self.algorithm!r}")
         types = {f.name: f.type for f in dataclasses.fields(self)}
         for key in self.field_names():
+            refuse_non_scalar(key, getattr(self, key), types[key])
             refuse_bool(key, getattr(self, key), types[key])
         problem = find_problem(self)  # the ranges declared on the fields
         if problem:
@@ -128,6 +136,7 @@ class TrainConfig:
             if key not in hparam_types:
                 known = ", ".join(hparam_types) or "(none)"
                 raise ConfigError(key, f"not a setting of the trainer nor a hyperparameter of {self.algorithm!r} (its hyperparameters: {known})")
+            refuse_non_scalar(key, value, hparam_types[key])
             refuse_bool(key, value, hparam_types[key])
             try:
                 coerced = coerce(value, hparam_types[key], key)
@@ -280,6 +289,21 @@ def numeric_kind(annotation: Any) -> Optional[str]:
     kind = str(annotation).replace("typing.", "")
     base = next((t for t in ("bool", "int", "float", "str") if t in kind), "str")
     return base if base in ("int", "float") else None
+
+
+def refuse_non_scalar(key: str, value: Any, annotation: Any) -> None:
+    """A list or mapping (YAML `[a, b]`, `{a: 1}`) where one name or number belongs: `coerce` would turn it into
+    its text ("['a']") and the mistake would surface as a failed trial on the cluster, or not at all."""
+    container = isinstance(value, (Mapping, AbstractSet)) or (isinstance(value, Sequence)
+                                                              and not isinstance(value, str))
+    if container:
+        kind = FieldType.of(annotation)
+        raise ConfigError(key, f"expected one value ({kind.text}), got a {type(value).__name__} "
+                               f"({_short(repr(value))})")
+
+
+def _short(text: str, length: int = 60) -> str:
+    return text if len(text) <= length else f"{text[:length]}... ({len(text):,} characters)"
 
 
 def refuse_bool(key: str, value: Any, annotation: Any) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
+
+from raybench.paths import write_atomically
 
 MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.json"
@@ -78,6 +79,4 @@ class StageCache:
 
 
 def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    write_atomically(path, write)  # a full --storage leaves no half entry, nor a temporary file taking its space
