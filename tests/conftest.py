@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -151,6 +152,24 @@ def require_system_package(available: bool, reason: str, require_variable: str) 
 @pytest.fixture(scope="session")
 def shared_data_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("raybench-data")
+
+
+@pytest.fixture
+def in_private_dirs(tmp_path, shared_data_dir, monkeypatch) -> None:
+    """An in-process command that reads the session's data, no MLflow URI from outside, and writes under tmp_path."""
+    monkeypatch.setenv("RAYBENCH_DATA_DIR", str(shared_data_dir))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def fail_on_reaching(monkeypatch, *targets: tuple[Any, str]) -> None:
+    """Replace each (module, function) by one that fails the test: a command that got past every check would
+    start Ray there, so reaching it means a bad input was accepted."""
+    def started(*args, **kwargs):
+        raise AssertionError("the command passed every check and went on to start Ray")
+
+    for module, name in targets:
+        monkeypatch.setattr(module, name, started)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, cli
+from conftest import REPO, cli, fail_on_reaching
 from raybench.sweep.benchmark import (
     BenchmarkOptions, PairRecord, PairRunner, Running, SweepTarget, _record_end, check_storage, load_records,
     save_records,
@@ -29,23 +29,15 @@ from raybench.sweep.errors import OptionError
 GRIDS = REPO / "benchmarks" / "grids"
 
 
-@pytest.fixture(autouse=True)
-def private_dirs(tmp_path, shared_data_dir, monkeypatch):
-    monkeypatch.setenv("RAYBENCH_DATA_DIR", str(shared_data_dir))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("in_private_dirs")
 
 
 @pytest.fixture(autouse=True)
 def no_cluster_work(monkeypatch):
-    """A benchmark or sweep that got past its checks would start Ray next: fail the test there instead."""
+    """The benchmark's own checks (storage, records, grid) run; its pairs and any sweep would start Ray."""
     from raybench.sweep import benchmark, runner
 
-    def started(*args, **kwargs):
-        raise AssertionError("the command passed every check and went on to start Ray")
-
-    monkeypatch.setattr(benchmark, "_run_pairs_on_cluster", started)
-    monkeypatch.setattr(runner, "run_sweep", started)
+    fail_on_reaching(monkeypatch, (benchmark, "_run_pairs_on_cluster"), (runner, "run_sweep"))
 
 
 def write_yaml(path: Path, body: dict) -> Path:

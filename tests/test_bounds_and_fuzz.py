@@ -16,29 +16,21 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from conftest import cli
+from conftest import cli, fail_on_reaching
 from raybench.algorithms import ALGORITHMS
 from raybench.settings import FieldType, declared
 from raybench.trainer import ConfigError, TrainConfig
 
 
-@pytest.fixture(autouse=True)
-def private_dirs(tmp_path, shared_data_dir, monkeypatch):
-    monkeypatch.setenv("RAYBENCH_DATA_DIR", str(shared_data_dir))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("in_private_dirs")
 
 
 @pytest.fixture(autouse=True)
 def no_cluster_work(monkeypatch):
-    """A sweep or benchmark that got past its checks would start Ray next: fail the test there instead."""
+    """A sweep or benchmark that got past its load-time checks goes no further: nothing is written."""
     from raybench.sweep import benchmark, runner
 
-    def started(*args, **kwargs):
-        raise AssertionError("the input passed every check: the command went on to start Ray")
-
-    monkeypatch.setattr(runner, "run_sweep", started)
-    monkeypatch.setattr(benchmark, "run_benchmark", started)
+    fail_on_reaching(monkeypatch, (runner, "run_sweep"), (benchmark, "run_benchmark"))
 
 
 _DATASETS: dict[tuple, object] = {}
