@@ -23,7 +23,7 @@ from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import Param, ResolvedSpace, SearchSpace, load_space
 from raybench.tracking import (LOCK_TAG, PROCESS_STATS, RESUME_TAG, RecordedSweep, SweepTracker, TrackingError, base_tags,
-                               check_uri, default_tracking_uri, find_recorded_sweep, flatten, redact_uri, summary_damage)
+                               check_reachable, check_uri, default_tracking_uri, find_recorded_sweep, flatten, redact_uri, summary_damage)
 
 
 SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
@@ -354,6 +354,7 @@ def run_sweep(prepared: Prepared) -> dict[str, Any]:
 
     Raises SweepInterrupted when a signal cut it short: the parent run and every child still running are
     then marked KILLED, the partial results are written, and `--resume` continues exactly there."""
+    check_reachable(prepared.tracking_uri)  # an HTTP server that does not answer: refused before the lock file
     with take_sweep_lock(prepared) as lock:
         recorded = find_recorded_sweep(prepared.tracking_uri, prepared.name)
         check_recorded(prepared, recorded)
