@@ -31,8 +31,11 @@ lock:
 	mv $(LOCK).tmp $(LOCK)
 	rm -rf .lock-venv
 
+# Two pytest-xdist workers, each taking whole files (a module's cluster fixture starts once): the suite spends
+# much of its time waiting on Ray and MLflow start-ups, which the other worker fills. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=50 tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=50 tests
 
 # The WILDS 2.0 protocol end to end on the embedded data: 10 random DANN configs on a private local Ray,
 # each a Ray Train run, selected on OOD validation, then 3 seed replicates; tracked in ./mlflow.db.

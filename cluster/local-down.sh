@@ -4,7 +4,8 @@
 #  - the MLflow server, by its recorded process group;
 #  - the Ray processes recorded in ray.pids (PID and create time, so a reused PID is never signalled),
 #    and their descendants (agents, workers, job drivers): TERM, then KILL after a bounded wait;
-#  - Ray's temp dir, only if it carries local-up's marker naming this state dir.
+#  - Ray's temp dir, only if it carries local-up's marker naming this state dir;
+#  - with GCS fault tolerance, the GCS's Redis last (by its recorded process group), once the GCS is gone.
 # Never a host-wide `ray stop`, and never a match on command lines, which would hit other people's processes.
 #
 #   cluster/local-down.sh                    # the worker nodes, MLflow and the head
@@ -28,6 +29,17 @@ stop_mlflow() {
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
   kill -KILL -- "-$pid" 2>/dev/null || true
   rm -f "$state/mlflow.pid"
+}
+
+# After the head: a Redis still holding a live GCS's tables would be pulled from under it.
+stop_redis() {
+  [ -f "$state/redis.pid" ] || return 0
+  local pid
+  pid="$(cat "$state/redis.pid")"
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -rf -- "$state/redis.pid" "$state/redis"
 }
 
 # Stop the recorded processes whose create time still matches, with all their descendants. The tree is
@@ -138,7 +150,7 @@ for node_dir in "$state"/nodes/worker-*; do
 done
 stop_mlflow
 # A temp dir whose processes may still run is kept, with its record, for a second try.
-if stop_ray "$state"; then remove_temp_dir "$state" || status=$?; else status=1; fi
-(( status == 0 )) && rm -f "$state/port_base" && rmdir "$state/nodes" 2>/dev/null
+if stop_ray "$state"; then remove_temp_dir "$state" || status=$?; stop_redis; else status=1; fi
+(( status == 0 )) && rm -f "$state/port_base" "$state/head.env" && rmdir "$state/nodes" 2>/dev/null
 (( status == 0 )) && echo "local-down: stopped what $state recorded"
 exit "$status"

@@ -8,6 +8,19 @@
 #   cluster/local-up.sh --print-ports               # print the port plan and exit; starts nothing
 #   RAYBENCH_WORKER_NODES=1 cluster/local-up.sh     # the head plus one worker node
 #   cluster/local-up.sh --add-worker                # one more worker node for the running head
+#   RAYBENCH_GCS_FT=1 cluster/local-up.sh           # the head's GCS keeps its state in a Redis it starts
+#   cluster/local-up.sh --restart-head              # start a dead head again (GCS fault tolerance on)
+#
+# Head restart (GCS fault tolerance). With RAYBENCH_GCS_FT=1 local-up also starts Debian's redis-server
+# (127.0.0.1:RAYBENCH_REDIS_PORT, in memory, its data under the state dir) and starts the head with
+# RAY_REDIS_ADDRESS pointing at it, so the GCS writes its tables (nodes, actors, placement groups, jobs)
+# there. If the head's Ray processes die, `--restart-head` starts them again on the same ports; the GCS
+# reloads its tables from Redis, and worker nodes, actors on them and drivers off the head that waited
+# reconnect. They wait RAY_gcs_rpc_server_reconnect_timeout_s (Ray's default 60 s; set it in the
+# environment of local-up, --add-worker and the driver to wait longer), and exit after that. A driver on
+# the head dies with it; `raybench sweep ... --resume` then completes the sweep. On one machine a driver
+# joins the head's node unless RAYBENCH_NODE_TEMP_DIR names the temp dir of the node it should join
+# (--add-worker prints it). KubeRay: see the README's "Head restart" section (gcsFaultToleranceOptions).
 #
 # Worker nodes. A worker node is `ray start --address` on the head's GCS: its own raylet, object store,
 # agents and temp dir, so on one machine it fails the way a second machine would (kill its recorded PIDs
@@ -38,6 +51,7 @@
 #   +9   DASHBOARD_METRIC_PORT                 dashboard's own metrics (Ray reads this variable itself)
 #   +10  AUTOSCALER_METRIC_PORT                autoscaler monitor's metrics (Ray reads this variable itself)
 #   +11  MLFLOW_PORT                           MLflow server
+#   +12  RAYBENCH_REDIS_PORT                   Redis of the GCS (only with RAYBENCH_GCS_FT=1)
 #   +20..+199  RAYBENCH_MIN_WORKER_PORT..RAYBENCH_MAX_WORKER_PORT   Ray worker processes
 # Other settings: RAY_NUM_CPUS (default: all cores), RAY_TRIAL_DRIVERS (default 8), RAYBENCH_BIN (the
 # venv's bin), RAYBENCH_START_TIMEOUT (seconds to wait for the job agent and for MLflow, default 180).
@@ -65,6 +79,7 @@ marker_name=".raybench-cluster"   # inside the temp dir; its content is the stat
 max_temp_dir_len=40               # Ray adds ~65 characters below it for socket paths (limit 107)
 
 worker_cpus="${RAYBENCH_WORKER_CPUS:-1}"
+gcs_ft="${RAYBENCH_GCS_FT:-0}"
 worker_nodes="${RAYBENCH_WORKER_NODES:-0}"
 
 refuse() { echo "local-up: $*" >&2; exit 2; }
@@ -86,6 +101,7 @@ plan_ports() {
     "DASHBOARD_METRIC_PORT=${DASHBOARD_METRIC_PORT:-$((base + 9))}"
     "AUTOSCALER_METRIC_PORT=${AUTOSCALER_METRIC_PORT:-$((base + 10))}"
     "MLFLOW_PORT=${MLFLOW_PORT:-$((base + 11))}"
+    "RAYBENCH_REDIS_PORT=${RAYBENCH_REDIS_PORT:-$((base + 12))}"
     "RAYBENCH_MIN_WORKER_PORT=${RAYBENCH_MIN_WORKER_PORT:-$((base + 20))}"
     "RAYBENCH_MAX_WORKER_PORT=${RAYBENCH_MAX_WORKER_PORT:-$((base + 199))}"
   )
@@ -123,7 +139,7 @@ validate_ports() {
   (( RAYBENCH_MIN_WORKER_PORT >= 1024 && RAYBENCH_MIN_WORKER_PORT < RAYBENCH_MAX_WORKER_PORT
      && RAYBENCH_MAX_WORKER_PORT <= 65535 )) \
     || refuse "worker ports $RAYBENCH_MIN_WORKER_PORT-$RAYBENCH_MAX_WORKER_PORT are not a range within 1024-65535"
-  for entry in "${ports[@]:0:12}"; do
+  for entry in "${ports[@]:0:13}"; do
     name="${entry%%=*}" port="${entry#*=}"
     (( port >= 1024 && port <= 65535 )) || refuse "$name=$port is outside 1024-65535"
     [[ "$seen" != *" $port "* ]] || refuse "$name=$port is used twice in the port plan"
@@ -142,8 +158,8 @@ check_ports_free() {
 import socket, sys
 plan = dict(arg.split("=", 1) for arg in sys.argv[1:])
 fixed = [(name, int(port)) for name, port in plan.items() if not name.endswith("_WORKER_PORT")]
-lo, hi = int(plan["RAYBENCH_MIN_WORKER_PORT"]), int(plan["RAYBENCH_MAX_WORKER_PORT"])
-workers = [(f"worker port range {lo}-{hi}", port) for port in range(lo, hi + 1)]
+lo, hi = int(plan.get("RAYBENCH_MIN_WORKER_PORT", 1)), int(plan.get("RAYBENCH_MAX_WORKER_PORT", 0))
+workers = [(f"worker port range {lo}-{hi}", port) for port in range(lo, hi + 1)]  # none when not given
 for name, port in fixed + workers:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT, not a listener
@@ -224,7 +240,9 @@ node_port_flags() {
 
 start_ray() {
   node_port_flags
-  "$bin/ray" start --head --node-ip-address=127.0.0.1 \
+  local redis=()
+  [ "$gcs_ft" = 1 ] && redis=("RAY_REDIS_ADDRESS=127.0.0.1:$RAYBENCH_REDIS_PORT")
+  env "${redis[@]}" "$bin/ray" start --head --node-ip-address=127.0.0.1 \
     --port="$RAY_PORT" \
     --dashboard-host=127.0.0.1 --dashboard-port="$DASHBOARD_PORT" \
     "${node_flags[@]}" --ray-client-server-port="$RAYBENCH_CLIENT_SERVER_PORT" \
@@ -244,7 +262,8 @@ import os, re, sys
 import psutil
 tmp, since = sys.argv[1], float(sys.argv[2]) - 1.0  # create times are rounded to the clock tick
 plan = dict(arg.split("=", 1) for arg in sys.argv[3:])
-ours_ports = {int(p) for n, p in plan.items() if not n.endswith("_WORKER_PORT")}
+not_ray = ("RAYBENCH_REDIS_PORT", "MLFLOW_PORT")  # started and stopped on their own (redis.pid, mlflow.pid)
+ours_ports = {int(p) for n, p in plan.items() if not n.endswith("_WORKER_PORT") and n not in not_ray}
 
 names = re.compile(r"(?:^|[=:,\s'\"])" + re.escape(tmp) + r"(?:/|$|[:,\s'\"])")  # the dir, not /tmp/rb-abc
 
@@ -274,6 +293,78 @@ start_mlflow() {
     --backend-store-uri "sqlite:///$state/mlflow.db" --artifacts-destination "$state/mlflow-artifacts" \
     > "$state/mlflow.log" 2>&1 < /dev/null &
   echo $! > "$state/mlflow.pid"
+}
+
+# GCS fault tolerance: a Redis of the cluster's own, bound to 127.0.0.1, in memory (it outlives the head,
+# not the machine), in its own process group so that local-down stops it by its recorded PID.
+check_gcs_ft_setting() {
+  [[ "$gcs_ft" =~ ^[01]$ ]] || refuse "RAYBENCH_GCS_FT must be 0 or 1, not '$gcs_ft'"
+  [ "$gcs_ft" = 0 ] || command -v redis-server > /dev/null \
+    || refuse "RAYBENCH_GCS_FT=1 needs redis-server (Debian package redis-server), which is not on PATH"
+}
+
+start_redis() {
+  mkdir -p "$state/redis"
+  setsid redis-server --bind 127.0.0.1 --port "$RAYBENCH_REDIS_PORT" --protected-mode yes --dir "$state/redis" \
+    --save "" --appendonly no --daemonize no > "$state/redis.log" 2>&1 < /dev/null &
+  echo $! > "$state/redis.pid"
+  local deadline=$((SECONDS + start_timeout))
+  while (( SECONDS < deadline )); do
+    [ "$(redis-cli -h 127.0.0.1 -p "$RAYBENCH_REDIS_PORT" ping 2>/dev/null)" = PONG ] && return 0
+    kill -0 "$(cat "$state/redis.pid")" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
+
+# --restart-head: the head's Ray processes are gone (a crash, a kill, a reboot of its pod) but its record,
+# its Redis and its temp dir are not. Start the head again with the settings and ports it had; the GCS
+# reloads the cluster's state from Redis. MLflow is started again only if it is gone too.
+restart_head() {
+  [ -f "$state/ray_temp_dir" ] && [ -f "$state/head.env" ] \
+    || refuse "no head is recorded in $state; start one with cluster/local-up.sh"
+  # shellcheck disable=SC1091
+  source "$state/head.env"
+  [ "$gcs_ft" = 1 ] \
+    || refuse "the head in $state was started without GCS fault tolerance (RAYBENCH_GCS_FT=1): a restarted head would start an empty cluster; stop it with local-down.sh and start again"
+  kill -0 "$(cat "$state/redis.pid" 2>/dev/null)" 2>/dev/null \
+    || refuse "the GCS's Redis recorded in $state/redis.pid is not running: the cluster's state is lost; stop it with local-down.sh and start again"
+  local entry
+  while IFS= read -r entry; do declare -g "${entry%%=*}=${entry#*=}"; done < "$state/ports.env"
+  mapfile -t ports < "$state/ports.env"
+  ray_tmp="$(cat "$state/ray_temp_dir")"
+  [ "$(cat -- "$ray_tmp/$marker_name" 2>/dev/null)" = "$state" ] \
+    || refuse "the recorded temp dir $ray_tmp is not marked as this cluster's; refusing to start a head in it"
+  "$bin/python" - "$state/ray.pids" <<'PY' || refuse "the head recorded in $state is still running; stop it first (cluster/local-down.sh stops the whole cluster)"
+import os, sys
+import psutil
+lines = open(sys.argv[1]).read().split("\n") if os.path.exists(sys.argv[1]) else []
+for pid, created in (line.split() for line in lines if line.strip()):
+    try:
+        proc = psutil.Process(int(pid))
+        if abs(proc.create_time() - float(created)) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
+            sys.exit(1)
+    except psutil.NoSuchProcess:
+        pass
+PY
+  # The head's own ports must be free again. Not its worker port range: drivers that joined the head's node
+  # hold ports there, and Ray's workers take whichever are free.
+  check_ports_free $(grep -v -e _WORKER_PORT= -e ^MLFLOW_PORT= -e ^RAYBENCH_REDIS_PORT= "$state/ports.env")
+  # `ray start --head` refuses a GCS address that the temp dir names and any process on the host still
+  # dials: the surviving worker nodes do. The dead head's record of its address goes.
+  rm -f -- "$ray_tmp/ray_current_cluster"
+  set -E
+  trap 'echo "local-up: the head did not restart (line $LINENO); see $state/ray-start.log" >&2; exit 1' ERR
+  export RAY_USAGE_STATS_ENABLED=0 MLFLOW_DISABLE_TELEMETRY=true RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+  export DASHBOARD_METRIC_PORT AUTOSCALER_METRIC_PORT PATH="$bin:$PATH"
+  started_at="$(date +%s.%N)"
+  local ray_ok=1
+  start_ray || ray_ok=0
+  record_ray_pids "$ray_tmp" "$started_at" "$state/ray.pids" "${ports[@]}"
+  (( ray_ok )) || { echo "local-up: ray start failed; see $state/ray-start.log" >&2; exit 1; }
+  kill -0 "$(cat "$state/mlflow.pid" 2>/dev/null)" 2>/dev/null || { start_mlflow; wait_for_mlflow; }
+  wait_for_job_agent || { echo "local-up: the restarted head accepted no job within ${start_timeout}s; see $state/ray-ready.log" >&2; exit 1; }
+  echo "Head restarted: GCS 127.0.0.1:$RAY_PORT reloaded from Redis 127.0.0.1:$RAYBENCH_REDIS_PORT; dashboard http://127.0.0.1:$DASHBOARD_PORT"
 }
 
 # The dashboard answers before the head's job agent takes jobs ("No available agent to submit job"),
@@ -411,20 +502,23 @@ add_worker_node() {
   (( ray_ok )) || fail_node "ray start failed; see $node_state/ray-start.log"
   wait_for_node || fail_node "did not join within ${start_timeout}s; see $node_state/ray-start.log"
   echo "Worker node:    $node ($worker_cpus CPU, resources $worker_resources, label raybench.node=$node; temp dir $node_tmp)"
+  echo "A driver on it: RAYBENCH_NODE_TEMP_DIR=$node_tmp raybench sweep ... --address 127.0.0.1:$RAY_PORT"
   echo "Stop it alone:  RAYBENCH_CLUSTER_DIR=$state cluster/local-down.sh --node $node"
 }
 
 # ----- main ---------------------------------------------------------------------------------------------
-usage="usage: cluster/local-up.sh [--print-ports | --add-worker]   (settings come from the environment; see the top of $0)"
+usage="usage: cluster/local-up.sh [--print-ports | --add-worker | --restart-head]   (settings come from the environment; see the top of $0)"
 case "${1:-}" in
   "" | --print-ports) ;;
   --add-worker) add_worker_node; exit 0 ;;
+  --restart-head) [ $# -eq 1 ] || refuse "$usage"; restart_head; exit 0 ;;
   *) refuse "$usage" ;;
 esac
 [ $# -le 1 ] || refuse "$usage"
 plan_ports
 validate_ports
 check_worker_settings
+check_gcs_ft_setting
 if [ "${1:-}" = "--print-ports" ]; then
   printf '%s\n' "${ports[@]}"
   for k in $(seq 1 "$worker_nodes"); do
@@ -452,6 +546,7 @@ trap 'fail "unexpected error at line $LINENO of $0"' ERR
 trap 'fail "interrupted; stopped what had started"' INT TERM
 printf '%s\n' "${ports[@]}" > "$state/ports.env"
 printf '%s\n' "${RAYBENCH_PORT_BASE:-24000}" > "$state/port_base"
+printf 'cpus=%q\ndrivers=%q\ngcs_ft=%q\n' "$cpus" "$drivers" "$gcs_ft" > "$state/head.env"   # what --restart-head starts again
 
 # Submitted jobs inherit the head's environment: PATH so that `raybench` resolves to this install.
 # Token auth, because the GCS and raylet listen on all interfaces (RAY_AUTH_MODE=disabled opts out).
@@ -460,6 +555,9 @@ export DASHBOARD_METRIC_PORT AUTOSCALER_METRIC_PORT   # Ray has no flags for the
 export PATH="$bin:$PATH"
 
 ensure_auth_token
+if [ "$gcs_ft" = 1 ]; then
+  start_redis || fail "redis-server did not start on 127.0.0.1:$RAYBENCH_REDIS_PORT; see $state/redis.log"
+fi
 started_at="$(date +%s.%N)"
 ray_ok=1
 start_ray || ray_ok=0
@@ -478,5 +576,6 @@ Ray dashboard:  http://127.0.0.1:$DASHBOARD_PORT   (RAY_AUTH_MODE=$RAY_AUTH_MODE
 MLflow:         http://127.0.0.1:$MLFLOW_PORT   (raybench sweep ... --tracking-uri http://127.0.0.1:$MLFLOW_PORT)
 Ray GCS:        127.0.0.1:$RAY_PORT   (raybench sweep ... --address 127.0.0.1:$RAY_PORT; worker nodes: $worker_nodes)
 Ray temp dir:   $ray_tmp   (ports: $state/ports.env)
+GCS state:      $([ "$gcs_ft" = 1 ] && echo "Redis 127.0.0.1:$RAYBENCH_REDIS_PORT (a dead head: cluster/local-up.sh --restart-head)" || echo "in the head's memory (RAYBENCH_GCS_FT=1 keeps it in Redis)")
 Stop all:       RAYBENCH_CLUSTER_DIR=$state cluster/local-down.sh
 MSG

@@ -396,8 +396,12 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 def _probe_cluster(address: str) -> None:
     from raybench.sweep.errors import ClusterError
-    from raybench.sweep.ray_backend import probe_address
+    from raybench.sweep.ray_backend import node_temp_dir, probe_address
 
+    try:
+        node_temp_dir()
+    except ClusterError as err:
+        raise UsageError(str(err)) from None
     try:
         probe_address(address)
     except ClusterError as err:

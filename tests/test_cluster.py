@@ -75,7 +75,7 @@ def test_port_plan_derives_every_port_from_one_base_and_each_can_be_overridden(s
 
     def used(plan):
         fixed = {port for name, port in plan.items() if not name.endswith("_WORKER_PORT")}
-        assert len(fixed) == 12, "two roles share a port"
+        assert len(fixed) == 13, "two roles share a port"
         workers = set(range(plan["RAYBENCH_MIN_WORKER_PORT"], plan["RAYBENCH_MAX_WORKER_PORT"] + 1))
         assert not fixed & workers, "a fixed port lies in the worker range"
         return fixed | workers
@@ -87,7 +87,8 @@ def test_port_plan_derives_every_port_from_one_base_and_each_can_be_overridden(s
     assert port_plan({**env, "RAYBENCH_DASHBOARD_AGENT_GRPC_PORT": "30015"})["RAYBENCH_DASHBOARD_AGENT_GRPC_PORT"] == 30015
 
     for bad in ({"RAYBENCH_CLIENT_SERVER_PORT": "12000"}, {"RAYBENCH_NODE_MANAGER_PORT": "30050"},
-                {"MLFLOW_PORT": "30000"}, {"RAYBENCH_PORT_BASE": "65500"}):
+                {"MLFLOW_PORT": "30000"}, {"RAYBENCH_PORT_BASE": "65500"}, {"RAYBENCH_REDIS_PORT": "30011"},
+                {"RAYBENCH_GCS_FT": "yes"}):
         refused = script("local-up.sh", {**env, **bad}, "--print-ports", timeout=30)
         assert refused.returncode == 2 and refused.stdout == "", (bad, refused.stdout)
         assert len(refused.stderr.strip().splitlines()) == 1 and refused.stderr.startswith("local-up: "), refused.stderr

@@ -1,6 +1,7 @@
 """A real two-node Ray cluster on one machine (cluster/local-up.sh with a worker node): trials placed on the
 worker node by a custom resource, a worker node lost mid-sweep (SIGKILL of its raylet and workers by their
-recorded PIDs), the sweep's driver killed and resumed from another process, and two trials on two nodes
+recorded PIDs), the sweep's driver killed and resumed from another process, the head's Ray processes killed
+and restarted under GCS fault tolerance (its state in a Redis local-up starts), and two trials on two nodes
 sharing one stage-cache entry through the shared --storage.
 
 One cluster serves the module (starting one takes about a minute on 2 cores): the head offers 1 CPU and the
@@ -79,8 +80,22 @@ class TwoNodes:
         added = script("local-up.sh", self.env, "--add-worker")
         assert added.returncode == 0, added.stderr + added.stdout
 
-    def sweep(self, *args: str, cwd: Path) -> subprocess.Popen:
-        return subprocess.Popen([str(BIN / "raybench"), "sweep", *args, "--address", self.gcs], env=self.env, cwd=cwd,
+    def head_processes(self) -> list[psutil.Process]:
+        """The head's recorded Ray processes (GCS, raylet, dashboard, monitors) and their descendants (agents,
+        the trials it runs); not MLflow, not Redis, not the drivers, which are none of its children."""
+        tree: dict[int, psutil.Process] = {}
+        for pid, created in recorded(self.state):
+            if alive(pid, created):
+                proc = psutil.Process(pid)
+                tree.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
+        return list(tree.values())
+
+    def sweep(self, *args: str, cwd: Path, on_worker_node: bool = False) -> subprocess.Popen:
+        """`raybench sweep` from this host; its driver joins the head's node, or worker-1's (RAYBENCH_NODE_TEMP_DIR)."""
+        env = dict(self.env)
+        if on_worker_node:
+            env["RAYBENCH_NODE_TEMP_DIR"] = (self.worker_state / "ray_temp_dir").read_text().strip()
+        return subprocess.Popen([str(BIN / "raybench"), "sweep", *args, "--address", self.gcs], env=env, cwd=cwd,
                                 start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -94,22 +109,32 @@ def two_nodes(tmp_path_factory, shared_data_dir):
                 "RAY_NUM_CPUS": "1", "RAYBENCH_WORKER_NODES": "1", "RAYBENCH_WORKER_CPUS": "1", "RAYBENCH_BIN": str(BIN),
                 "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAYBENCH_DATA_DIR": str(shared_data_dir),
                 "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1",
+                # GCS fault tolerance: the head keeps its tables in a Redis of its own; nodes and drivers wait up
+                # to this long for a restarted GCS (Ray's default 60 s is tight on a loaded 2-core host).
+                "RAYBENCH_GCS_FT": "1", "RAY_gcs_rpc_server_reconnect_timeout_s": "180",
                 "PATH": f"{BIN}:{os.environ.get('PATH', '')}"})
     env.pop("MLFLOW_TRACKING_URI", None)
     plan = port_plan(env)
     up = script("local-up.sh", env)
     cluster = TwoNodes(env, root / "state", f"127.0.0.1:{plan['RAY_PORT']}")
+    redis = None
     try:
         assert up.returncode == 0, up.stderr + up.stdout
+        redis = psutil.Process(int((root / "state" / "redis.pid").read_text()))
+        assert f"127.0.0.1:{plan['RAYBENCH_REDIS_PORT']}" in " ".join(redis.cmdline())
         yield cluster
     finally:
         started = [entry for pids in (root / "state").glob("**/ray.pids") for entry in recorded(pids.parent)]
         down = script("local-down.sh", env, timeout=240)
+        redis_stopped = redis is None or not redis.is_running()
+        if not redis_stopped:  # only if local-down could not
+            redis.kill()
         for temp in (root / "state").glob("**/ray_temp_dir"):  # only if local-down could not
             stop_processes_under(temp.read_text().strip())
     assert down.returncode == 0, down.stderr
     assert started and not [pid for pid, created in started if alive(pid, created)], "local-down left a node's processes"
     assert not (root / "state" / "nodes").exists() and not (root / "state" / "ray_temp_dir").exists()
+    assert not (root / "state" / "redis.pid").exists() and redis_stopped, "local-down left the GCS's Redis running"
 
 
 def free_port_base_for_nodes(nodes: int) -> int:
@@ -280,6 +305,62 @@ def test_a_killed_driver_on_two_nodes_resumes_to_exactly_n_trials_and_k_replicat
     for run in search:
         steps = epochs_logged(uri, run.info.run_id)
         assert steps == [0, 1] or run.data.tags["trial_id"] not in finished_before, steps
+
+
+# ----- the head restarted under GCS fault tolerance ----------------------------------------------------------------
+def assert_complete_once(storage: Path, uri: str, name: str, trials: int, epochs: int) -> None:
+    """Every trial once and ok, every epoch of every trial once in MLflow, the replicate done."""
+    summary = summary_of(storage, name)
+    ids = [t["trial_id"] for t in summary["trials"]]
+    assert len(ids) == trials and len(set(ids)) == trials and all(t["status"] == "ok" for t in summary["trials"])
+    assert summary["replicates"]["ok"] == 1 and len(summary["replicates"]["runs"]) == 1
+    search = runs_of(uri, "search", name)
+    assert sorted(r.data.tags["trial_id"] for r in search) == sorted(ids), f"{name}: a trial was duplicated or lost in MLflow"
+    assert all(r.info.status == "FINISHED" for r in search + runs_of(uri, "replicate", name))
+    assert {r.data.tags["trial_id"]: epochs_logged(uri, r.info.run_id) for r in search} == \
+        {trial: list(range(epochs)) for trial in ids}, f"{name}: an epoch was lost or logged twice"
+
+
+def test_a_head_restart_is_survived_by_a_driver_off_the_head_and_resumed_by_one_on_it(two_nodes, tmp_path):
+    """Two sweeps at once; the head's Ray processes (GCS, raylet and the trials under it, dashboard) are SIGKILLed
+    mid-search and started again by `local-up.sh --restart-head`, the GCS reloading its tables from Redis.
+    The driver on worker-1 waits for the GCS and finishes on its own: its trial on the head is retried. The
+    driver on the head lost its raylet: it stops itself as interrupted (exit 143, a resume line) instead of
+    waiting forever, and `--resume` completes it. Both: every trial once, every epoch once in MLflow."""
+    two_nodes.ensure_worker_node()
+    storage, epochs = tmp_path / "runs", 3
+    uris = {name: f"sqlite:///{tmp_path}/{name}.db" for name in ("off", "on")}
+    args = {name: ["erm", "--smoke", "--trials", "4", "--replicates", "1", "--executor", "function", "--set",
+                   f"epochs={epochs}", "--name", name, "--storage", str(storage), "--tracking-uri", uri]
+            for name, uri in uris.items()}
+    sweeps = {"off": two_nodes.sweep(*args["off"], cwd=tmp_path, on_worker_node=True),
+              "on": two_nodes.sweep(*args["on"], cwd=tmp_path)}
+    try:
+        wait_for("a finished search trial in both sweeps, or a sweep's end", lambda: any(
+            p.poll() is not None for p in sweeps.values()) or all(
+            any(r.info.status == "FINISHED" for r in runs_of(uris[name], "search", name)) for name in sweeps), timeout=600)
+        assert all(p.poll() is None for p in sweeps.values()), \
+            "a sweep ended before the head was killed:\n" + "\n".join(p.communicate()[0][-2000:] for p in sweeps.values())
+        head = two_nodes.head_processes()
+        signal_and_wait(head, signal.SIGKILL, 30)
+        assert not two_nodes.head_processes() and all(p.poll() is None for p in sweeps.values())
+        restarted = script("local-up.sh", two_nodes.env, "--restart-head")
+        assert restarted.returncode == 0, restarted.stderr + restarted.stdout
+        assert "reloaded from Redis" in restarted.stdout
+
+        finish(sweeps["off"], "the sweep whose driver is on worker-1")
+        output, _ = sweeps["on"].communicate(timeout=SWEEP_TIMEOUT_S)
+    finally:
+        for proc in sweeps.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate(timeout=60)
+    assert_complete_once(storage, uris["off"], "off", trials=4, epochs=epochs)
+    assert sweeps["on"].returncode == 143, output[-4000:]
+    assert "the Ray node this driver joined" in output and "is gone" in output, output[-4000:]
+    assert "resume with: raybench sweep erm" in output and "--resume" in output, output[-4000:]
+    finish(two_nodes.sweep(*args["on"], "--resume", cwd=tmp_path), "the resumed sweep that was on the head")
+    assert_complete_once(storage, uris["on"], "on", trials=4, epochs=epochs)
 
 
 # ----- one stage-cache entry for two trials on two nodes -----------------------------------------------------------

@@ -53,6 +53,14 @@ def test_a_dead_address_fails_fast_with_one_line(tmp_path, sweep_env):
     assert proc.stderr.strip().splitlines()[-1].startswith(f"raybench: error: --address: no Ray cluster answers at 127.0.0.1:{port}")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists(), "refused after writing"
 
+    missing = tmp_path / "no-such-node"  # the node a driver should join, named by a temp dir that is not there
+    proc = run_cli(["sweep", "erm", *SMOKE, "--address", f"127.0.0.1:{port}", "--storage", str(tmp_path / "runs"),
+                    "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"], {**sweep_env, "RAYBENCH_NODE_TEMP_DIR": str(missing)},
+                   tmp_path, timeout=DEAD_ADDRESS_BOUND_S)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == \
+        f"raybench: error: RAYBENCH_NODE_TEMP_DIR={missing} is not a folder; give the temp dir of a running Ray node"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists(), "refused after writing"
+
 
 def test_a_divergence_is_recorded_once_not_retried(tmp_path, ray_head):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
