@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LOCK := requirements.lock
 
-.PHONY: setup test demo check clean lock
+.PHONY: setup test demo check clean lock docs
 
 setup: $(STAMP)
 
@@ -31,11 +31,8 @@ lock:
 	mv $(LOCK).tmp $(LOCK)
 	rm -rf .lock-venv
 
-# Two pytest-xdist workers, each taking whole files (a module's cluster fixture starts once): the suite spends
-# much of its time waiting on Ray and MLflow start-ups, which the other worker fills. PYTEST_WORKERS=0: one process.
-PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=50 tests
+	$(BIN)/python -m pytest -q --durations=50 tests
 
 # The WILDS 2.0 protocol end to end on the embedded data: 10 random DANN configs on a private local Ray,
 # each a Ray Train run, selected on OOD validation, then 3 seed replicates; tracked in ./mlflow.db.
@@ -54,3 +51,18 @@ check: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# The docs site (mkdocs.yml, docs/) built into site/ by `mkdocs build --strict`, in its own .docs-venv holding
+# exactly docs/requirements.txt (MkDocs and Material never touch requirements.lock). The build's first step, the
+# hook docs/gen_reference.py, runs under the project's Python (it imports raybench) and writes the CLI and
+# settings reference pages from the argparse and settings declarations: made on every build, never committed.
+DOCS_VENV := .docs-venv
+DOCS_STAMP := $(DOCS_VENV)/.installed
+
+$(DOCS_STAMP): docs/requirements.txt
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install --quiet -r docs/requirements.txt
+	touch $(DOCS_STAMP)
+
+docs: $(STAMP) $(DOCS_STAMP)
+	RAYBENCH_DOCS_PYTHON=$(CURDIR)/$(BIN)/python NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site

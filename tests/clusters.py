@@ -2,7 +2,6 @@
 private token, and the session's one Ray head that sweeps join with --address instead of each starting a Ray."""
 from __future__ import annotations
 
-import os
 import random
 import secrets
 import socket
@@ -38,23 +37,12 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def port_range_of_this_worker() -> tuple[int, int]:
-    """20000-32767, split between pytest-xdist's workers (gw0, gw1, ...): two workers that each find a block
-    free could otherwise pick the same one before either binds it."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    index = int(worker) if worker.isdigit() else 0
-    width = (32768 - 20000) // max(count, 1)
-    return 20000 + index * width, 20000 + (index + 1) * width
-
-
 def free_port_base(avoid: tuple[int, ...] = ()) -> int:
     """A base whose whole block is free: between Ray's default worker ports (10002-19999) and the ephemeral
     range (32768+), so neither another Ray nor an outgoing connection takes one of its ports meanwhile."""
     rng = random.Random()
-    low, high = port_range_of_this_worker()
     for _ in range(100):
-        base = rng.randrange(low, high - BLOCK)
+        base = rng.randrange(20000, 32768 - BLOCK)
         if all(abs(base - other) >= BLOCK for other in avoid) and all(map(port_is_free, range(base, base + BLOCK))):
             return base
     pytest.fail(f"no free block of {BLOCK} ports between 20000 and 32767")

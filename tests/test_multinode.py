@@ -10,10 +10,12 @@ Every wait polls an event (an MLflow run, a process, a node) with a bounded dead
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import signal
+import sqlite3
 import subprocess
 import time
 from dataclasses import dataclass
@@ -146,7 +148,23 @@ def free_port_base_for_nodes(nodes: int) -> int:
 
 
 # ----- MLflow views -----------------------------------------------------------------------------------------------
+def parent_recorded(uri: str, sweep: str) -> bool:
+    """Whether the sweep's parent run is in the SQLite store, read-only: an MlflowClient opened while the sweep
+    creates the store would race it to create the schema ("table _alembic_tmp_experiments already exists")."""
+    path = Path(uri.removeprefix("sqlite:///"))
+    if not path.exists():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            found = db.execute("SELECT count(*) FROM tags WHERE key = 'raybench.sweep' AND value = ?", (sweep,))
+            return found.fetchone()[0] > 0
+    except sqlite3.Error:  # no tables yet, or being created
+        return False
+
+
 def runs_of(uri: str, stage: str, sweep: str) -> list[Any]:
+    if uri.startswith("sqlite:///") and not parent_recorded(uri, sweep):
+        return []
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("raybench")
     if experiment is None:
