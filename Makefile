@@ -38,7 +38,7 @@ test: $(STAMP)
 # each a Ray Train run, selected on OOD validation, then 3 seed replicates; tracked in ./mlflow.db.
 # Sized for 2 CPU cores by the protocol's budget: every epoch covers a quarter of the labeled data (DANN's steps
 # stay about 2x ERM's, as in WILDS), and no RandAugment/Cutout (on digits-shift strong
-# augmentation costs every method OOD accuracy, see README "Scientific check"). Running it again resumes
+# augmentation costs every method OOD accuracy, see benchmarks/README.md, "Scientific check"). Running it again resumes
 # (or just re-reads) the same sweep.
 DEMO_FLAGS := --trials 10 --replicates 3 --set augment=false --set epoch_fraction=0.25
 demo: $(STAMP)

@@ -21,26 +21,22 @@ state="$(realpath -m -- "${RAYBENCH_CLUSTER_DIR:-$repo/.cluster}")"
 grace="${RAYBENCH_STOP_GRACE:-15}"   # seconds from TERM to KILL, per group (raylet, the rest, GCS)
 marker_name=".raybench-cluster"
 
-stop_mlflow() {
-  [ -f "$state/mlflow.pid" ] || return 0
-  local pid
-  pid="$(cat "$state/mlflow.pid")"
+# A server local-up started with setsid (its own process group), by the PID it recorded in PID_FILE: TERM to the
+# group, up to 10 s for it to go, then KILL.
+stop_process_group() {
+  local pid_file="$1" pid
+  [ -f "$pid_file" ] || return 0
+  pid="$(cat "$pid_file")"
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
   kill -KILL -- "-$pid" 2>/dev/null || true
-  rm -f "$state/mlflow.pid"
+  rm -f -- "$pid_file"
 }
 
+stop_mlflow() { stop_process_group "$state/mlflow.pid"; }
+
 # After the head: a Redis still holding a live GCS's tables would be pulled from under it.
-stop_redis() {
-  [ -f "$state/redis.pid" ] || return 0
-  local pid
-  pid="$(cat "$state/redis.pid")"
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  rm -rf -- "$state/redis.pid" "$state/redis"
-}
+stop_redis() { stop_process_group "$state/redis.pid" && rm -rf -- "$state/redis"; }
 
 # Stop the recorded processes whose create time still matches, with all their descendants. The tree is
 # listed before the first signal: once the raylet dies, its workers are re-parented and out of reach.

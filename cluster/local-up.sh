@@ -20,7 +20,7 @@
 # environment of local-up, --add-worker and the driver to wait longer), and exit after that. A driver on
 # the head dies with it; `raybench sweep ... --resume` then completes the sweep. On one machine a driver
 # joins the head's node unless RAYBENCH_NODE_TEMP_DIR names the temp dir of the node it should join
-# (--add-worker prints it). KubeRay: see the README's "Head restart" section (gcsFaultToleranceOptions).
+# (--add-worker prints it). KubeRay: docs/how-to/cluster.md, "The head restarted" (gcsFaultToleranceOptions).
 #
 # Worker nodes. A worker node is `ray start --address` on the head's GCS: its own raylet, object store,
 # agents and temp dir, so on one machine it fails the way a second machine would (kill its recorded PIDs

@@ -46,6 +46,16 @@ def wait_for(what: str, condition: Callable[[], Any], timeout: float, poll: floa
     pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def processes_recorded_in(state: Path) -> list[psutil.Process]:
+    """The live processes a node's ray.pids in `state` records, with all their descendants."""
+    tree: dict[int, psutil.Process] = {}
+    for pid, created in recorded(state):
+        if alive(pid, created):
+            proc = psutil.Process(pid)
+            tree.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
+    return list(tree.values())
+
+
 @dataclass
 class TwoNodes:
     """The module's cluster: its environment, state dir and GCS address, and its worker node's processes."""
@@ -61,12 +71,7 @@ class TwoNodes:
     def worker_processes(self) -> list[psutil.Process]:
         """worker-1's recorded processes (raylet, agents, log monitor) and all their descendants (its Ray
         workers), listed before any is signalled."""
-        tree: dict[int, psutil.Process] = {}
-        for pid, created in recorded(self.worker_state):
-            if alive(pid, created):
-                proc = psutil.Process(pid)
-                tree.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
-        return list(tree.values())
+        return processes_recorded_in(self.worker_state)
 
     def kill_worker_node(self) -> list[int]:
         """SIGKILL the whole worker node at once, as a machine that loses power."""
@@ -85,12 +90,7 @@ class TwoNodes:
     def head_processes(self) -> list[psutil.Process]:
         """The head's recorded Ray processes (GCS, raylet, dashboard, monitors) and their descendants (agents,
         the trials it runs); not MLflow, not Redis, not the drivers, which are none of its children."""
-        tree: dict[int, psutil.Process] = {}
-        for pid, created in recorded(self.state):
-            if alive(pid, created):
-                proc = psutil.Process(pid)
-                tree.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
-        return list(tree.values())
+        return processes_recorded_in(self.state)
 
     def sweep(self, *args: str, cwd: Path, on_worker_node: bool = False) -> subprocess.Popen:
         """`raybench sweep` from this host; its driver joins the head's node, or worker-1's (RAYBENCH_NODE_TEMP_DIR)."""

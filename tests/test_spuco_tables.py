@@ -1,4 +1,4 @@
-"""The SpuCoMNIST tables' commands (README, "Spurious correlations"), smoke-sized: every cell runs, beside the
+"""The SpuCoMNIST tables' commands (docs/reference/spurious-correlations.md), smoke-sized: every cell runs, beside the
 paper's figure, with its selection's verdict and the group counts selection saw."""
 from __future__ import annotations
 

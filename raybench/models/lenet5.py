@@ -3,7 +3,7 @@
 Why a second LeNet: the batch-normalised `lenet` learns a one-pixel spurious colour patch at once, so
 on spuco-digits ERM stays at 0% worst-group accuracy even at small magnitude; this classic LeNet-5
 (LeCun et al., 1998; SpuCo App. C) picks up the core digit first and shows the paper's magnitude trend
-(README, "Spurious correlations"). It is also about 4x cheaper per step on a CPU.
+(docs/reference/spurious-correlations.md). It is also about 4x cheaper per step on a CPU.
 """
 from __future__ import annotations
 
