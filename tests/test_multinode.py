@@ -348,8 +348,10 @@ def test_a_head_restart_is_survived_by_a_driver_off_the_head_and_resumed_by_one_
     two_nodes.ensure_worker_node()
     storage, epochs = tmp_path / "runs", 3
     uris = {name: f"sqlite:///{tmp_path}/{name}.db" for name in ("off", "on")}
-    args = {name: ["erm", "--smoke", "--trials", "4", "--replicates", "1", "--executor", "function", "--set",
-                   f"epochs={epochs}", "--name", name, "--storage", str(storage), "--tracking-uri", uri]
+    # One trial at a time: once a sweep has finished its first trial, three are still to run while the test waits
+    # for the other sweep to get as far (with two at a time, the faster sweep had finished by then under load).
+    args = {name: ["erm", "--smoke", "--trials", "4", "--replicates", "1", "--executor", "function", "--max-concurrent",
+                   "1", "--set", f"epochs={epochs}", "--name", name, "--storage", str(storage), "--tracking-uri", uri]
             for name, uri in uris.items()}
     sweeps = {"off": two_nodes.sweep(*args["off"], cwd=tmp_path, on_worker_node=True),
               "on": two_nodes.sweep(*args["on"], cwd=tmp_path)}
@@ -361,7 +363,10 @@ def test_a_head_restart_is_survived_by_a_driver_off_the_head_and_resumed_by_one_
             "a sweep ended before the head was killed:\n" + "\n".join(p.communicate()[0][-2000:] for p in sweeps.values())
         head = two_nodes.head_processes()
         signal_and_wait(head, signal.SIGKILL, 30)
-        assert not two_nodes.head_processes() and all(p.poll() is None for p in sweeps.values())
+        assert not two_nodes.head_processes(), "the head's processes outlived SIGKILL"
+        finished = {name: sum(r.info.status == "FINISHED" for r in runs_of(uris[name], "search", name)) for name in sweeps}
+        assert all(p.poll() is None for p in sweeps.values()) and max(finished.values()) < 4, \
+            f"a sweep was no longer mid-search when the head died (finished search trials: {finished})"
         restarted = script("local-up.sh", two_nodes.env, "--restart-head")
         assert restarted.returncode == 0, restarted.stderr + restarted.stdout
         assert "reloaded from Redis" in restarted.stdout
