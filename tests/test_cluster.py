@@ -288,3 +288,24 @@ def submit_the_manifests_sweep(env: dict, plan: dict[str, int], tmp_path: Path, 
     assert sorted(r.data.tags["stage"] for r in children) == ["replicate", "search", "search"]
     results = cli(["results", "job", "--format", "json", "--tracking-uri", mlflow_uri], capsys)
     assert results.returncode == 0 and json.loads(results.stdout)["name"] == "job"
+
+
+@pytest.mark.parametrize("recorded_state, expected", [
+    ({}, "no head is recorded in"),
+    ({"ray_temp_dir": "/tmp/rb-none\n", "head.env": "cpus=1\ndrivers=8\ngcs_ft=0\n"},
+     "was started without GCS fault tolerance"),
+    ({"ray_temp_dir": "/tmp/rb-none\n", "head.env": "cpus=1\ndrivers=8\ngcs_ft=1\n", "redis.pid": "999999999\n"},
+     "Redis recorded in"),
+])
+def test_restart_head_refuses_what_it_cannot_restart_in_one_line(recorded_state, expected, sweep_env, tmp_path, fake_bin):
+    """--restart-head starts nothing when no head is recorded, when the head kept its state in memory (a new
+    head would be an empty cluster), or when the Redis holding its state is gone."""
+    env = {**cluster_env(sweep_env, tmp_path, "state", 30000), "RAYBENCH_BIN": str(fake_bin)}
+    state = Path(env["RAYBENCH_CLUSTER_DIR"])
+    state.mkdir()
+    for name, text in recorded_state.items():
+        (state / name).write_text(text)
+    refused = script("local-up.sh", env, "--restart-head", timeout=60)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and expected in refused.stderr, refused.stderr
+    assert not (fake_bin / "ran").exists(), "a refusal started something: " + (fake_bin / "ran").read_text()
