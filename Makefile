@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LOCK := requirements.lock
 
-.PHONY: setup test demo check clean lock docs
+.PHONY: setup test demo check clean lock docs lint
 
 setup: $(STAMP)
 
@@ -30,6 +30,10 @@ lock:
 	  .lock-venv/bin/python -m pip freeze --all --exclude-editable | LC_ALL=C sort -f; } > $(LOCK).tmp
 	mv $(LOCK).tmp $(LOCK)
 	rm -rf .lock-venv
+
+# ruff with the rules pyproject.toml configures; CI fails on any finding.
+lint: $(STAMP)
+	$(BIN)/ruff check raybench tests benchmarks docs
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=50 tests

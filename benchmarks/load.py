@@ -44,7 +44,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: raybench, ray, mlflow
@@ -71,12 +70,12 @@ class Exit:
     """How a child process ended: its exit code (negative: killed by that signal; None: timed out), its wall
     seconds and its own peak RSS, read from wait4's rusage (the child alone, not its children)."""
 
-    code: Optional[int]
+    code: int | None
     wall_s: float
     maxrss_mib: float
 
 
-def _reap(pid: int, block: bool) -> Optional[tuple[int, float]]:
+def _reap(pid: int, block: bool) -> tuple[int, float] | None:
     """(exit code, peak RSS MiB) once the child has ended; None while it runs (`block=False`)."""
     done, status, usage = os.wait4(pid, 0 if block else os.WNOHANG)
     if done == 0:
@@ -84,7 +83,7 @@ def _reap(pid: int, block: bool) -> Optional[tuple[int, float]]:
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024  # ru_maxrss is KiB on Linux
 
 
-def _wait(pid: int, timeout_s: Optional[float]) -> Optional[tuple[int, float]]:
+def _wait(pid: int, timeout_s: float | None) -> tuple[int, float] | None:
     """The child's exit once it has ended, or None when `timeout_s` passed first."""
     if timeout_s is None:
         return _reap(pid, block=True)
@@ -113,7 +112,7 @@ def _stop_group(pid: int, grace_s: float) -> tuple[int, float]:
     return _reap(pid, block=True)
 
 
-def run_child(argv: list[str], env: dict[str, str], log: Path, timeout_s: Optional[float] = None,
+def run_child(argv: list[str], env: dict[str, str], log: Path, timeout_s: float | None = None,
               grace_s: float = STOP_GRACE_S) -> Exit:
     """Run `argv` in a session of its own (so Ctrl-C reaches only this script, which then stops the child
     in order rather than mid-write), output to `log`; reaped with wait4 to read its peak RSS. On a
@@ -122,7 +121,7 @@ def run_child(argv: list[str], env: dict[str, str], log: Path, timeout_s: Option
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, env=env, cwd=log.parent, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    code: Optional[int]
+    code: int | None
     try:
         ended = _wait(proc.pid, timeout_s)
         if ended is None:
@@ -241,7 +240,7 @@ class Tracking:
     http_retries: int  # by MLflow's HTTP client (urllib3), before raybench sees an error
 
     @classmethod
-    def from_summary(cls, stats: dict) -> "Tracking":
+    def from_summary(cls, stats: dict) -> Tracking:
         return cls(int(stats["calls"]), float(stats["seconds"]), int(stats["failed"]), int(stats["retried"]),
                    int(stats["http_retries"]))
 
@@ -277,25 +276,25 @@ class Result:
     name: str
     tracking_uri: str
     trials: int
-    exit_code: Optional[int]
+    exit_code: int | None
     wall_s: float
     driver_peak_mib: float
     ok: int = 0
-    sweep_wall_s: Optional[float] = None
-    tracking: Optional[Tracking] = None
+    sweep_wall_s: float | None = None
+    tracking: Tracking | None = None
     nodes: dict[str, int] = dataclasses.field(default_factory=dict)
-    verification: Optional[Verification] = None
+    verification: Verification | None = None
 
     @property
     def trials_per_min(self) -> float:
         return self.ok / (self.wall_s / 60) if self.wall_s > 0 else 0.0
 
     @property
-    def calls_per_trial(self) -> Optional[float]:
+    def calls_per_trial(self) -> float | None:
         return self.tracking.calls / self.trials if self.tracking else None
 
     @property
-    def tracking_share(self) -> Optional[float]:
+    def tracking_share(self) -> float | None:
         if not self.tracking or not self.sweep_wall_s:
             return None
         return self.tracking.seconds / self.sweep_wall_s
@@ -384,7 +383,7 @@ def verify(uri: str, name: str, trials: int) -> Verification:
         for parent in parents:
             check_children(client, search_all(client, experiment.experiment_id,
                                               f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"), check)
-    except Exception as err:  # an unreachable or broken store: report it as the finding, keep the table
+    except Exception as err:  # noqa: BLE001  an unreachable or broken store: report it as the finding, keep the table
         check.problems.append(f"reading MLflow failed: {type(err).__name__}: {err}")
     return check
 
@@ -417,7 +416,7 @@ HEADER = ("executor", "store", "trials", "ok", "wall s", "trials/min", "calls/tr
 
 
 def table_row(r: Result) -> tuple[str, ...]:
-    def num(value: Optional[float], fmt: str) -> str:
+    def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
     t = r.tracking
@@ -440,7 +439,7 @@ def print_table(results: list[Result]) -> None:
           "wall_seconds; driver peak: the sweep process's max RSS; lost: checked in MLflow.")
 
 
-def as_json(outcome: "Outcome", args: argparse.Namespace) -> dict:
+def as_json(outcome: Outcome, args: argparse.Namespace) -> dict:
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
         "host": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]},

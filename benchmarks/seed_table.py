@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def mean_std(values: list[float]) -> str:

@@ -31,7 +31,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from seed_table import seed_table
 
@@ -166,8 +166,8 @@ def paper_table(runs: list[dict[str, Any]]) -> str:
     """Ours beside SpuCo's Table 2, one row per (magnitude, method), with whether its selection could see."""
     from seed_table import mean_std
 
-    lines = ["| magnitude | method | worst-group | average | paper worst-group | paper average | selected epochs "
-             "| selection |", "|---" * 8 + "|"]
+    lines = [("| magnitude | method | worst-group | average | paper worst-group | paper average | selected epochs "
+             "| selection |"), "|---" * 8 + "|"]
     for label in dict.fromkeys(r["label"] for r in runs):
         mine = [r for r in runs if r["label"] == label]
         key = (mine[0]["algorithm"], mine[0]["magnitude"])
@@ -181,8 +181,8 @@ def paper_table(runs: list[dict[str, Any]]) -> str:
 HISTORY_KEYS = ("val/worst_group_acc", "test/worst_group_acc", "test/avg_acc")
 
 
-def run_one(label: str, algorithm: str, dataset_name: str, seed: int, epochs: Optional[int],
-            settings: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run_one(label: str, algorithm: str, dataset_name: str, seed: int, epochs: int | None,
+            settings: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)  # one process per core beats two processes fighting over threads
@@ -241,7 +241,7 @@ def time_evaluation(trainer: Any) -> list[float]:
     return total
 
 
-def run_fixed(rows: tuple[Row, ...], seeds: int, workers: int, epochs: Optional[int]) -> list[dict[str, Any]]:
+def run_fixed(rows: tuple[Row, ...], seeds: int, workers: int, epochs: int | None) -> list[dict[str, Any]]:
     jobs = [(label, algorithm, dataset, seed, epochs) for label, algorithm, dataset in rows for seed in range(seeds)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(run_one, *zip(*jobs)))

@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raybench.data import load_dataset  # noqa: E402
-from raybench.models import ModelSpec, build_model  # noqa: E402
-from raybench.trainer import Callback, TrainConfig, Trainer  # noqa: E402
-from raybench.trainer.checkpoints import load_state_dict_into  # noqa: E402
-from raybench.trainer.stages import StageCache  # noqa: E402
+from raybench.data import load_dataset
+from raybench.models import ModelSpec, build_model
+from raybench.trainer import Callback, TrainConfig, Trainer
+from raybench.trainer.checkpoints import load_state_dict_into
+from raybench.trainer.stages import StageCache
 
 
 class StageLog(Callback):

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import torch
 
-
 USEFUL_WORK_GOALS = {"train": 0.80, "function": 0.92}  # issue #9
 
 

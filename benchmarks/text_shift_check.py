@@ -17,16 +17,16 @@ import argparse
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from seed_table import mean_std, seed_table  # noqa: E402
+from seed_table import mean_std, seed_table
 
 COLUMNS = (("id_test/acc", "ID test acc"), ("val/acc", "OOD val acc"), ("test/acc", "OOD test acc"))
 
 
-def run_erm(seed: int, epochs: Optional[int], max_steps: Optional[int]) -> dict[str, Any]:
+def run_erm(seed: int, epochs: int | None, max_steps: int | None) -> dict[str, Any]:
     """One ERM run with the dataset's defaults; its best-OOD-val-epoch metrics and wall time."""
     from raybench.data import load_dataset
     from raybench.data.text_shift import minilm_folder

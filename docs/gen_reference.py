@@ -18,8 +18,9 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
@@ -162,9 +163,9 @@ def cli_page() -> str:
 
     parser = build_parser()
     lines = [GENERATED_NOTE, "", "# Command-line reference", "",
-             f"Every `raybench` command and its arguments, read from the argparse declarations in "
+             (f"Every `raybench` command and its arguments, read from the argparse declarations in "
              f"`raybench/cli.py` when these pages are built. {cell(parser.description or '')} Any bad argument "
-             f"ends in one line `raybench: error: ...` and exit status 2, before any cluster work starts.", ""]
+             f"ends in one line `raybench: error: ...` and exit status 2, before any cluster work starts."), ""]
     children = list(subcommands(parser))
     lines += table(("command", "what it does"), [(f"[`raybench {name}`](#raybench-{name})", cell(h))
                                                  for name, h, _ in children]) + [""]
@@ -195,12 +196,12 @@ def settings_page() -> str:
     trainer = [s for s in settings_of(TrainConfig) if s.name != "hparams"]
     own_flags = {name: f"a sweep sets it: {flag}" for name, flag in OWN_FLAGS.items()}
     lines = [GENERATED_NOTE, "", "# Settings reference", "",
-             "Every trainer setting and every algorithm hyperparameter, read from the dataclass fields that declare "
+             ("Every trainer setting and every algorithm hyperparameter, read from the dataclass fields that declare "
              "them (`setting(...)` in `raybench/settings.py`, on `TrainConfig` and each algorithm's `Hparams`) when "
              "these pages are built: the same declarations `raybench train --set`, `raybench sweep --set` and a "
-             "search-space file are checked against, and that `raybench list settings [ALGORITHM]` prints.", "",
-             "Defaults are the dataclasses'; a dataset may supply its own value for any hyperparameter (its "
-             "`algorithm_hparams`). `raybench space show SPACE --dataset D` prints a space's values on a dataset.",
+             "search-space file are checked against, and that `raybench list settings [ALGORITHM]` prints."), "",
+             ("Defaults are the dataclasses'; a dataset may supply its own value for any hyperparameter (its "
+             "`algorithm_hparams`). `raybench space show SPACE --dataset D` prints a space's values on a dataset."),
              "", "## Trainer settings", "",
              "Set with `--set KEY=VALUE`, or in a search space's `search`, `fixed` or `derived`.", ""]
     lines += table(header, settings_rows(trainer, own_flags)) + ["", "## Algorithm hyperparameters", ""]

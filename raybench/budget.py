@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 BUDGET_PREFIX = "budget/"
 
 
-def epoch_steps(n: int, batch_size: int, epoch_fraction: Optional[float], cap: Optional[int]) -> int:
+def epoch_steps(n: int, batch_size: int, epoch_fraction: float | None, cap: int | None) -> int:
     """Steps of one epoch: full batches over `epoch_fraction` of the `n` examples, then the smoke cap."""
     covered = math.ceil(epoch_fraction * n) if epoch_fraction else n
     steps = max(covered // batch_size, 1)
@@ -44,7 +43,7 @@ class ProtocolRule:
             return self.erm_epochs
         return max(1, math.ceil(self.factor * self.erm_epochs / (self.unlabeled_ratio + 1)))
 
-    def steps(self, n_labeled: int, labeled_batch: int, epoch_fraction: Optional[float]) -> int:
+    def steps(self, n_labeled: int, labeled_batch: int, epoch_fraction: float | None) -> int:
         """The protocol's steps for this method: its epochs x rounds, each uncapped at its labeled batch."""
         return self.epochs * self.rounds * epoch_steps(n_labeled, labeled_batch, epoch_fraction, None)
 

@@ -12,8 +12,9 @@ import re
 import shlex
 import signal
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 from raybench.registry import UnknownNameError
 from raybench.settings import MAX_COUNT, MAX_MAGNITUDE, MAX_SEED, number_text
@@ -98,7 +99,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def list_settings(algorithm: Optional[str]) -> int:
+def list_settings(algorithm: str | None) -> int:
     """Every trainer setting, then the hyperparameters of `algorithm` (of every algorithm when None), as their
     dataclasses declare them."""
     from raybench.algorithms import ALGORITHMS
@@ -135,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return train_once({**flags, **overrides}, names, Path(args.output) if args.output else None)
 
 
-def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Optional[Path]) -> int:
+def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Path | None) -> int:
     """Train one flat config (`raybench train`, `raybench probe`) and print its one JSON line.
 
     `names` says how the user spelled each setting they gave as a flag (`--epochs`, `checkpoint`), so an
@@ -201,7 +202,12 @@ def cmd_newt_suite(args: argparse.Namespace) -> int:
     from raybench.data import load_dataset
     from raybench.newt_suite import SUITE_FAMILIES, SuiteSettings, run_suite
     from raybench.tracking import (
-        EXPERIMENT, TrackingError, check_reachable, default_tracking_uri, log_task_suite, redact_uri,
+        EXPERIMENT,
+        TrackingError,
+        check_reachable,
+        default_tracking_uri,
+        log_task_suite,
+        redact_uri,
     )
     from raybench.trainer import ConfigError
 
@@ -277,11 +283,11 @@ class _Signals:
     def __init__(self) -> None:
         self.received = signal.SIGINT
 
-    def __enter__(self) -> "_Signals":
+    def __enter__(self) -> _Signals:
         self.previous = signal.signal(signal.SIGTERM, self._on_term)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGTERM, self.previous)
 
     def _on_term(self, signum: int, frame: Any) -> None:
@@ -296,8 +302,8 @@ class _Signals:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
     from raybench.paths import StorageFull
+    from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError, redact_uri
@@ -427,8 +433,8 @@ def add_benchmark_parser(sub: Any) -> None:
 
 # ----- raybench results -------------------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
-    from raybench.sweep.report import render
     from raybench.paths import writable_dir_problem
+    from raybench.sweep.report import render
     from raybench.tracking import TrackingError, default_tracking_uri, download_plots, load_sweep_results
 
     problem = writable_dir_problem(Path(args.plots)) if args.plots else None
@@ -776,7 +782,7 @@ def one_short_line(message: str) -> str:
     return f"{line[:MAX_ERROR_CHARS]}... ({len(line):,} characters)"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)

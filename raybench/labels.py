@@ -2,7 +2,7 @@
 summaries written before a summary carried its own labels. No torch here, so `raybench results` stays quick."""
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 # WILDS-shaped shifts: `val` and `test` are the OOD domains.
 SHIFT_SPLIT_LABELS: Mapping[str, str] = {"id_val": "ID val", "val": "OOD val", "test": "OOD test", "id_test": "ID test"}

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -137,7 +138,7 @@ class DomainFeatures:
     config: TrainConfig = field(repr=False)  # the resolved newt_probe config the features were made under
 
 
-def probe_config(dataset: ShiftDataset, model: Optional[str], features_from: str, seed: int,
+def probe_config(dataset: ShiftDataset, model: str | None, features_from: str, seed: int,
                  c_grid: str = NEWT_C_GRID, folds: int = 3) -> TrainConfig:
     """The config of `raybench train --algorithm newt_probe` with these settings: it validates them (model name,
     C grid, folds) exactly as that command does, and builds the same model."""
@@ -204,9 +205,9 @@ class SuiteSettings:
 
     dataset: str
     features_from: str = RANDOM
-    model: Optional[str] = None
+    model: str | None = None
     seed: int = 0
-    per_class: Optional[int] = None
+    per_class: int | None = None
     c_grid: str = NEWT_C_GRID
     folds: int = 3
 
@@ -250,9 +251,9 @@ class SuiteResult:
     def table(self) -> str:
         """Cluster means and the overall mean, one line each, for a person to read."""
         s = self.settings
-        lines = [f"NeWT-style suite on {s.dataset} ({DOMAIN_SPLIT} domain): {len(self.tasks)} binary tasks, "
+        lines = [(f"NeWT-style suite on {s.dataset} ({DOMAIN_SPLIT} domain): {len(self.tasks)} binary tasks, "
                  f"{s.per_class} train + {s.per_class} test examples per class; model {s.model}, "
-                 f"features from {self.features_source}",
+                 f"features from {self.features_source}"),
                  f"{'cluster':<18} {'tasks':>5} {'mean acc':>9}"]
         for cluster, mean in self.cluster_means.items():
             count = sum(t.cluster == cluster for t in self.tasks)
@@ -278,7 +279,7 @@ def run_suite(dataset: ShiftDataset, settings: SuiteSettings, families: Families
     return SuiteResult(replace(settings, model=features.model, per_class=per_class), features.source, tasks)
 
 
-def check_per_class(per_class: Optional[int], y: np.ndarray, families: Families, folds: int) -> int:
+def check_per_class(per_class: int | None, y: np.ndarray, families: Families, folds: int) -> int:
     """`per_class`, or the default (the most the domain allows, up to NeWT's 50); it must fill train and test
     without reusing an example, and every cross-validation fold needs an example of each class."""
     most = most_per_class(y, families.classes)

@@ -17,16 +17,17 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 NAME_RULE = "1-128 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit"
 
 
-def name_problem(name: str) -> Optional[str]:
+def name_problem(name: str) -> str | None:
     """Why `name` cannot name a sweep, or None if it can."""
     if NAME_PATTERN.fullmatch(name) is None:
         return f"expected {NAME_RULE}, got {name!r}"
@@ -45,7 +46,7 @@ def inside(root: Path, child: Path) -> bool:
     return child == root or root in child.parents
 
 
-def writable_dir_problem(path: Path) -> Optional[str]:
+def writable_dir_problem(path: Path) -> str | None:
     """Why raybench could not create and write into the folder `path`, or None if it could.
 
     Probes the folder itself if it exists, else its nearest existing ancestor (where it would be created),
@@ -65,7 +66,7 @@ def writable_dir_problem(path: Path) -> Optional[str]:
     return None
 
 
-def file_lock_problem(path: Path) -> Optional[str]:
+def file_lock_problem(path: Path) -> str | None:
     """Why an exclusive `flock` cannot be taken in the folder `path` (or its nearest existing ancestor), or None.
 
     The stage cache (raybench.trainer.stages) serialises the trials that need the same earlier stage on such a
@@ -78,10 +79,10 @@ def file_lock_problem(path: Path) -> Optional[str]:
     if existing is None:
         return None  # writable_dir_problem names this case
     try:
-        with tempfile.TemporaryDirectory(dir=existing, prefix=".raybench-lock-probe-") as folder:
-            with open(Path(folder) / "probe.lock", "w") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".raybench-lock-probe-") as folder, \
+                open(Path(folder) / "probe.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_UN)
     except OSError as err:
         return (f"file locks (flock) fail in {str(existing)!r} ({err.strerror or err}); the stage cache and the sweep "
                 f"lock need them on the storage every node shares: use a local folder or an NFSv4 mount")
@@ -93,11 +94,11 @@ DISK_FULL = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT"}  # out of space; ou
 _ERRNO_IN_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)
 
 
-def disk_full_error(err: BaseException) -> Optional[OSError]:
+def disk_full_error(err: BaseException) -> OSError | None:
     """The OSError saying its file system ran out of space or quota, when `err` is one or was raised from one
     (Arrow's errors, from Parquet or Ray's uploads, are OSErrors with the errno too); None otherwise."""
     seen: set[int] = set()
-    current: Optional[BaseException] = err
+    current: BaseException | None = err
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in DISK_FULL:
@@ -106,7 +107,7 @@ def disk_full_error(err: BaseException) -> Optional[OSError]:
     return None
 
 
-def disk_full_errno_in(text: str) -> Optional[int]:
+def disk_full_errno_in(text: str) -> int | None:
     """ENOSPC or EDQUOT when an error's text names one, else None: a trial's error reaches the sweep's driver
     as a remote traceback, where Python writes `[Errno 28] ...` and Arrow `[errno 28] ...`."""
     for match in _ERRNO_IN_TEXT.finditer(text):
@@ -217,11 +218,11 @@ class LockHolder:
     since: str  # local time the lock was taken
 
     @classmethod
-    def this_process(cls) -> "LockHolder":
+    def this_process(cls) -> LockHolder:
         return cls(socket.gethostname(), os.getpid(), time.strftime("%Y-%m-%d %H:%M:%S"))
 
     @classmethod
-    def parse(cls, text: str) -> Optional["LockHolder"]:
+    def parse(cls, text: str) -> LockHolder | None:
         """The holder a lock file names; None when it is empty (released cleanly, or not written yet)."""
         try:
             fields = json.loads(text)
@@ -236,7 +237,7 @@ class LockHolder:
 class LockBusy(Exception):
     """The lock file is held by another live process (or another open of it in this one)."""
 
-    def __init__(self, path: Path, holder: Optional[LockHolder]) -> None:
+    def __init__(self, path: Path, holder: LockHolder | None) -> None:
         super().__init__(f"{path} is held by {holder.words() if holder else 'a process that has not named itself yet'}")
         self.path, self.holder = path, holder
 
@@ -249,7 +250,7 @@ class HeldLock:
 
     `previous` is the holder the file still named when this one took it: a process that died holding it."""
 
-    def __init__(self, path: Path, fd: int, holder: LockHolder, previous: Optional[LockHolder]) -> None:
+    def __init__(self, path: Path, fd: int, holder: LockHolder, previous: LockHolder | None) -> None:
         self.path, self._fd, self.holder, self.previous = path, fd, holder, previous
 
     def release(self) -> None:
@@ -263,10 +264,10 @@ class HeldLock:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "HeldLock":
+    def __enter__(self) -> HeldLock:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -304,7 +305,7 @@ def take_lock(path: Path) -> HeldLock:
     return HeldLock(path, fd, holder, previous)
 
 
-def lock_busy(path: Path) -> Optional[LockBusy]:
+def lock_busy(path: Path) -> LockBusy | None:
     """LockBusy naming the holder when a live process holds the lock `path`, else None. Creates and writes
     nothing: a shared lock is tried and dropped at once (take_lock tolerates such a probe, see above)."""
     try:

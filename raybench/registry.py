@@ -5,7 +5,10 @@ definition, so there is no list to keep in sync by hand and no `if name == ...` 
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -50,3 +53,10 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def import_every_module(package: str, path: Iterable[str]) -> None:
+    """Import every module of `package` (its `__path__`): each registers its entries on import with the
+    decorator, so a new entry is one new file, with no list of modules to keep in step."""
+    for module in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{module.name}")

@@ -8,10 +8,11 @@ algorithms and the command line all read it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 from dataclasses import MISSING, dataclass
-from typing import Any, Optional
+from typing import Any
 
 METADATA_KEY = "raybench.setting"
 
@@ -21,18 +22,18 @@ class Allowed:
     """The values a setting accepts: numbers within bounds (each end open or closed), one of `choices`, or text
     matching `pattern` (said in `words`, e.g. "auto, cpu or cuda[:N]"). None is allowed when the type is Optional."""
 
-    low: Optional[float] = None
-    high: Optional[float] = None
+    low: float | None = None
+    high: float | None = None
     low_open: bool = False
     high_open: bool = False
     choices: tuple[Any, ...] = ()
-    pattern: Optional[str] = None
+    pattern: str | None = None
     words: str = ""
     # The largest value any real run uses, where the meaning sets no upper bound (an lr, a count of epochs):
     # beyond it a value is a typo or an attack that would crash a trial after Ray started (an lr of 1e58,
     # 1e20 epochs), so it is refused at load. Kept apart from `high` so the words of the meaning stay as
     # they are ("a finite positive number") and a refusal for size says both.
-    limit: Optional[float] = None
+    limit: float | None = None
 
     def admits(self, value: Any) -> bool:
         return self.admits_meaning(value) and not self.beyond_limit(value)
@@ -81,7 +82,7 @@ class Allowed:
         """The range in words with its limit, e.g. "an integer >= 1, at most 1,000,000" (`raybench list settings`)."""
         return self.text(kind) + (f", at most {number_text(self.limit)}" if self.limit is not None else "")
 
-    def problem(self, value: Any, kind: str) -> Optional[str]:
+    def problem(self, value: Any, kind: str) -> str | None:
         """What is wrong with `value` ("expected a finite number > 0, got -1.0" style), or None if it is allowed."""
         if not self.admits_meaning(value):
             return f"expected {self.text(kind)}, got {value!r}"
@@ -90,7 +91,7 @@ class Allowed:
         return None
 
 
-def _as_number(value: Any) -> Optional[float]:
+def _as_number(value: Any) -> float | None:
     """`value` as a float; None when it is no number; inf when it is an integer too large for a float."""
     try:
         return float(value)
@@ -130,20 +131,20 @@ class Suggest:
     search-space format: `loguniform` / `uniform` over [low, high], or `choice` among `values`."""
 
     distribution: str
-    low: Optional[float] = None
-    high: Optional[float] = None
+    low: float | None = None
+    high: float | None = None
     values: tuple[Any, ...] = ()
 
     @classmethod
-    def loguniform(cls, low: float, high: float) -> "Suggest":
+    def loguniform(cls, low: float, high: float) -> Suggest:
         return cls("loguniform", low=low, high=high)
 
     @classmethod
-    def uniform(cls, low: float, high: float) -> "Suggest":
+    def uniform(cls, low: float, high: float) -> Suggest:
         return cls("uniform", low=low, high=high)
 
     @classmethod
-    def choice(cls, *values: Any) -> "Suggest":
+    def choice(cls, *values: Any) -> Suggest:
         return cls("choice", values=tuple(values))
 
     def as_space(self) -> dict[str, Any]:
@@ -162,14 +163,14 @@ class Declared:
     override every dataset's choice.
     """
 
-    allowed: Optional[Allowed] = None
-    suggest: Optional[Suggest] = None
+    allowed: Allowed | None = None
+    suggest: Suggest | None = None
     help: str = ""
     per_dataset: bool = False
 
 
 def setting(default: Any = MISSING, *, default_factory: Any = MISSING,
-            allowed: Optional[Allowed] = None, suggest: Optional[Suggest] = None, help: str = "",
+            allowed: Allowed | None = None, suggest: Suggest | None = None, help: str = "",
             per_dataset: bool = False) -> Any:
     """A dataclass field carrying its allowed range, suggested search distribution and help line."""
     declared = Declared(allowed, suggest, help, per_dataset)
@@ -191,7 +192,7 @@ class FieldType:
     optional: bool
 
     @classmethod
-    def of(cls, annotation: Any) -> "FieldType":
+    def of(cls, annotation: Any) -> FieldType:
         text = str(annotation).replace("typing.", "")
         kind = next((t for t in ("bool", "int", "float", "str") if t in text), "str")
         return cls(kind, "Optional" in text or "None" in text)
@@ -220,7 +221,7 @@ class Problem:
     detail: str
 
 
-def find_problem(instance: Any) -> Optional[Problem]:
+def find_problem(instance: Any) -> Problem | None:
     """The first field (in declaration order) whose value its `Allowed` refuses. None passes: coercion lets it into
     Optional fields only, where it means "the default's source decides"."""
     for field in dataclasses.fields(instance):
@@ -249,7 +250,7 @@ class SettingInfo:
     default: Any
     allowed: str
     help: str
-    suggest: Optional[Suggest]
+    suggest: Suggest | None
     owner: str  # the class that declares the field (a base class for inherited settings)
     per_dataset: bool
 
@@ -272,7 +273,7 @@ def default_of(field: dataclasses.Field) -> Any:
 
 def owner_of(cls: type, name: str) -> str:
     """The most derived class in `cls`'s MRO that declares `name` itself."""
-    return next(k.__name__ for k in cls.__mro__ if name in k.__dict__.get("__annotations__", {}))
+    return next(k.__name__ for k in cls.__mro__ if name in inspect.get_annotations(k))
 
 
 def default_text(value: Any) -> str:

@@ -21,23 +21,24 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # `raybench results` prints one table, no bars
 
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
 
 # A new SQLite store logs its schema creation and migrations at INFO on every first use: not the user's news.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 logging.getLogger("alembic").setLevel(logging.WARNING)
 
-import raybench  # noqa: E402
-from raybench.paths import writable_dir_problem  # noqa: E402
-from raybench.trainer.stages import STAGE_WEIGHTS_FACT  # noqa: E402
+import raybench
+from raybench.paths import writable_dir_problem
+from raybench.report_keys import STAGE_WEIGHTS_FACT
 
 if TYPE_CHECKING:
     from raybench.newt_suite import SuiteResult, TaskResult
@@ -47,7 +48,10 @@ PARENT_TAG = "mlflow.parentRunId"
 KEY_TAG = "raybench.key"
 SWEEP_TAG = "raybench.sweep"
 BENCHMARK_TAG = "raybench.benchmark"
+EPOCH_METRIC = "epoch"  # every epoch's report carries it, at its own step
 STATE_TAG = "raybench.state"  # running, interrupted, finished, failed: what `raybench results` reports
+# A sweep's state for its parent run's MLflow status (the state tag, where written, says more: "driver-gone").
+SWEEP_STATE_OF_STATUS = {"RUNNING": "running", "FINISHED": "finished", "KILLED": "interrupted", "FAILED": "failed"}
 DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the sweep, to tell a dead one
 RESUME_TAG = "raybench.resume_command"
 LOCK_TAG = "raybench.lock"  # the sweep lock on --storage its driver holds, and who (host, pid) took it
@@ -72,7 +76,7 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
 
 
-def redact_uri(uri: Optional[str]) -> Optional[str]:
+def redact_uri(uri: str | None) -> str | None:
     """`uri` with any user:password replaced by ***, for everything that is shown or logged."""
     if not uri or "@" not in uri:
         return uri
@@ -168,7 +172,7 @@ def _process_start(pid: int) -> str:
         return "?"
 
 
-def driver_alive(identity: Optional[str]) -> Optional[bool]:
+def driver_alive(identity: str | None) -> bool | None:
     """Whether the process named by `driver_identity()` still runs; None when it ran on another host."""
     if not identity or identity.count(":") < 2:
         return None
@@ -178,7 +182,7 @@ def driver_alive(identity: Optional[str]) -> Optional[bool]:
     return pid.isdigit() and _process_start(int(pid)) == start
 
 
-def git_commit() -> Optional[str]:
+def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).resolve().parent)
@@ -195,7 +199,7 @@ def base_tags(dataset: str, algorithm: str) -> dict[str, str]:
     return tags
 
 
-def ui_link(server: str, experiment_id: str, run_id: Optional[str] = None) -> str:
+def ui_link(server: str, experiment_id: str, run_id: str | None = None) -> str:
     """The MLflow UI page of a run (or of the experiment's runs) in the model-training view: MLflow 3's UI
     otherwise opens in its GenAI view, on traces this experiment does not have."""
     page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
@@ -249,7 +253,7 @@ class TrackingStats:
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
 
-    def since(self, start: "TrackingStats") -> "TrackingStats":
+    def since(self, start: TrackingStats) -> TrackingStats:
         return TrackingStats(*(getattr(self, f.name) - getattr(start, f.name) for f in dataclasses.fields(self)))
 
 
@@ -328,7 +332,7 @@ class SweepTracker:
         self.uri = credentials_to_environment(uri)
         self.client = CountedClient(MlflowClient(tracking_uri=self.uri))
         self.experiment_id = self._experiment(experiment)
-        self.parent_id: Optional[str] = None
+        self.parent_id: str | None = None
 
     def _experiment(self, name: str) -> str:
         """The experiment's id, created as a model-training experiment (or marked one, if an older raybench
@@ -344,13 +348,13 @@ class SweepTracker:
         return self.client.create_experiment(name, artifact_location=location,
                                              tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
 
-    def _find(self, filter_string: str) -> Optional[Any]:
+    def _find(self, filter_string: str) -> Any | None:
         runs = self.client.search_runs([self.experiment_id], filter_string, max_results=1, order_by=["attributes.start_time DESC"])
         return runs[0] if runs else None
 
     # ----- the sweep's parent run ------------------------------------------------------------------
     def start_sweep(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str],
-                    parent_run: Optional[str] = None) -> str:
+                    parent_run: str | None = None) -> str:
         """The sweep's parent run, reused when resuming; nested under `parent_run` (a benchmark's) if given."""
         existing = self._find(f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'")
         nesting = {PARENT_TAG: parent_run} if parent_run else {}
@@ -371,19 +375,19 @@ class SweepTracker:
         """A parent run must exist in this store's experiment: a mistyped id would nest the sweep under nothing."""
         try:
             run = self.client.get_run(run_id)
-        except Exception:  # MLflow raises several types for an unknown or malformed id
+        except Exception:  # noqa: BLE001  MLflow raises several types for an unknown or malformed id
             raise TrackingError(f"expected a run id in the MLflow store at {redact_uri(self.uri)}, got {run_id!r}") from None
         if run.info.experiment_id != self.experiment_id:
             raise TrackingError(f"expected a run of the raybench experiment, got {run_id!r} (in experiment "
                                 f"{run.info.experiment_id})")
 
-    def end_sweep(self, status: str, note: Optional[str] = None) -> None:
+    def end_sweep(self, status: str, note: str | None = None) -> None:
         """Close the parent run; an interrupted sweep (KILLED) also closes every child still RUNNING, so no
         run claims to be alive after its driver has gone."""
         assert self.parent_id is not None
         if note:
             self.client.set_tag(self.parent_id, "failure_reason", note[:5000])
-        state = {"FINISHED": "finished", "KILLED": "interrupted"}.get(status, "failed")
+        state = SWEEP_STATE_OF_STATUS.get(status, "failed")
         self.client.set_tag(self.parent_id, STATE_TAG, state)
         if status != "FINISHED":
             for run in self.children(nested=True):
@@ -398,11 +402,11 @@ class SweepTracker:
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         self._tag(run_id, tags)
 
-    def log_artifacts(self, directory: Path, artifact_path: Optional[str] = None) -> None:
+    def log_artifacts(self, directory: Path, artifact_path: str | None = None) -> None:
         assert self.parent_id is not None
         self.client.log_artifacts(self.parent_id, str(directory), artifact_path)
 
-    def log_artifact(self, file: Path, artifact_path: Optional[str] = None, run_id: Optional[str] = None) -> None:
+    def log_artifact(self, file: Path, artifact_path: str | None = None, run_id: str | None = None) -> None:
         self.client.log_artifact(run_id or self.parent_id, str(file), artifact_path)
 
     def log_summary(self, markdown: str, metrics: Mapping[str, float]) -> None:
@@ -416,8 +420,18 @@ class SweepTracker:
     # ----- child runs (trials and replicates) --------------------------------------------------
     def start_child(self, key: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
         """The child run for `key`, reused if a resumed sweep already made it."""
+        return self.open_child(key, run_name, params, tags)[0]
+
+    def open_child(self, key: str, run_name: str, params: Mapping[str, Any],
+                   tags: Mapping[str, str]) -> tuple[str, int]:
+        """The child run for `key` and the last epoch it has logged (-1 for a new run). A driver killed outright
+        (SIGKILL) leaves a trial whose epochs after Tune's last saved checkpoint run again on resume; the caller
+        skips those already logged, so every epoch is in MLflow once."""
         assert self.parent_id is not None
-        return self._nested(self.parent_id, key, run_name, params, tags)[0]
+        run, created = self._nested(self.parent_id, key, run_name, params, tags)
+        if created:
+            return run, -1
+        return run, max((int(m.step) for m in self.client.get_metric_history(run, EPOCH_METRIC)), default=-1)
 
     def log_stage(self, trial_run: str, trial_key: str, stage: Mapping[str, Any]) -> None:
         """One stage of a multi-stage method as a run nested in its trial's run: per-epoch history if it
@@ -448,16 +462,16 @@ class SweepTracker:
         return run.info.run_id, True
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, Any], step: int,
-                    tags: Optional[Mapping[str, str]] = None) -> None:
+                    tags: Mapping[str, str] | None = None) -> None:
         self._log(run_id, metrics=numeric_metrics(metrics), step=step, tags=tags)
 
-    def end_child(self, run_id: str, status: str, reason: Optional[str] = None,
-                  tags: Optional[Mapping[str, str]] = None) -> None:
+    def end_child(self, run_id: str, status: str, reason: str | None = None,
+                  tags: Mapping[str, str] | None = None) -> None:
         self._tag(run_id, {**({"failure_reason": reason[:5000]} if reason else {}), **(tags or {})})
         self.client.set_terminated(run_id, status=status)
 
-    def _log(self, run_id: str, params: Optional[dict[str, str]] = None, metrics: Optional[dict[str, float]] = None,
-             step: int = 0, tags: Optional[Mapping[str, str]] = None) -> None:
+    def _log(self, run_id: str, params: dict[str, str] | None = None, metrics: dict[str, float] | None = None,
+             step: int = 0, tags: Mapping[str, str] | None = None) -> None:
         now = int(time.time() * 1000)
         self.client.log_batch(
             run_id,
@@ -499,30 +513,30 @@ SUITE_STAGE = "newt_suite"
 SUITE_TASK_STAGE = "newt_task"
 
 
-def suite_params(result: "SuiteResult") -> dict[str, Any]:
+def suite_params(result: SuiteResult) -> dict[str, Any]:
     """What a suite run was asked for, as the parent run's params (model and per_class as run)."""
     s = result.settings
     return {"dataset": s.dataset, "model": s.model, "features_from": s.features_from, "seed": s.seed,
             "per_class": s.per_class, "c_grid": s.c_grid, "folds": s.folds, "n_tasks": len(result.tasks)}
 
 
-def suite_metrics(result: "SuiteResult") -> dict[str, float]:
+def suite_metrics(result: SuiteResult) -> dict[str, float]:
     """The suite's headline numbers: mean test accuracy per cluster (`accuracy/<cluster>`) and overall."""
     return {**{f"accuracy/{cluster}": mean for cluster, mean in result.cluster_means.items()},
             "accuracy/overall": result.overall_mean}
 
 
-def task_params(task: "TaskResult") -> dict[str, Any]:
+def task_params(task: TaskResult) -> dict[str, Any]:
     return {"pair": task.task, "first": task.first, "second": task.second, "cluster": task.cluster,
             "n_train": task.n_train, "n_test": task.n_test}
 
 
-def task_metrics(task: "TaskResult") -> dict[str, float]:
+def task_metrics(task: TaskResult) -> dict[str, float]:
     return {"accuracy": task.accuracy, "best_c": task.best_c, "cv_accuracy": task.cv_accuracy,
             "unconverged_fits": task.unconverged_fits}
 
 
-def log_task_suite(uri: str, result: "SuiteResult", experiment: str = EXPERIMENT) -> str:
+def log_task_suite(uri: str, result: SuiteResult, experiment: str = EXPERIMENT) -> str:
     """A finished suite as one parent run (settings, cluster and overall means) with one nested run per task
     (its pair, cluster, accuracy, chosen C, cross-validated accuracy); returns the parent's run id.
 
@@ -552,7 +566,7 @@ def log_task_suite(uri: str, result: "SuiteResult", experiment: str = EXPERIMENT
 class BenchmarkTracker(SweepTracker):
     """A benchmark's parent run: its sweeps' parent runs nest under it; the comparison is attached to it."""
 
-    def start_benchmark(self, name: str, params: Mapping[str, Any], resume_command: Optional[str]) -> str:
+    def start_benchmark(self, name: str, params: Mapping[str, Any], resume_command: str | None) -> str:
         existing = self._find(f"tags.`{BENCHMARK_TAG}` = {quoted(name)} and tags.stage = 'benchmark'")
         if existing is not None:
             self.parent_id = existing.info.run_id
@@ -566,7 +580,7 @@ class BenchmarkTracker(SweepTracker):
                                    **({RESUME_TAG: resume_command} if resume_command else {})})
         return self.parent_id
 
-    def end_benchmark(self, markdown: str, status: str, note: Optional[str] = None) -> None:
+    def end_benchmark(self, markdown: str, status: str, note: str | None = None) -> None:
         """The pairs' table as the run's description and `summary.md`, then the run closed with `status`."""
         assert self.parent_id is not None
         self.client.log_text(self.parent_id, markdown, "summary.md")
@@ -580,7 +594,7 @@ class SweepState:
     """Where a sweep stands, as its parent run says: the line `raybench results` prints above the table."""
 
     state: str  # finished, interrupted, failed, running, or interrupted-driver-gone
-    resume_command: Optional[str]
+    resume_command: str | None
 
     @property
     def resumable(self) -> bool:
@@ -602,7 +616,7 @@ class SweepState:
 
 def sweep_state(parent: Any) -> SweepState:
     tags = parent.data.tags
-    state = tags.get(STATE_TAG) or {"FINISHED": "finished", "KILLED": "interrupted"}.get(parent.info.status, "running")
+    state = tags.get(STATE_TAG) or SWEEP_STATE_OF_STATUS.get(parent.info.status, "running")
     if parent.info.status == "RUNNING" and driver_alive(tags.get(DRIVER_TAG)) is False:
         state = "driver-gone"
     elif parent.info.status == "RUNNING":
@@ -621,7 +635,7 @@ class RecordedSweep:
     state: SweepState
 
 
-def find_recorded_sweep(uri: str, name: str) -> Optional[RecordedSweep]:
+def find_recorded_sweep(uri: str, name: str) -> RecordedSweep | None:
     """The parent run of sweep `name` in the store at `uri`, read without writing anything: None when the
     store has no such run, or is no MLflow store yet (a SQLite file that is missing or has no MLflow tables).
     Such a file is not opened: MlflowClient would create the schema, which the sweep's own tracker does once
@@ -647,7 +661,7 @@ def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             found = Path(client.download_artifacts(parent_id, "plots", tmp))
-        except Exception:  # MLflow raises several types for a missing artifact
+        except Exception:  # noqa: BLE001  MLflow raises several types for a missing artifact
             raise TrackingError("this sweep has no plots (it ended before its results were recorded)") from None
         directory.mkdir(parents=True, exist_ok=True)
         copies = []
@@ -680,11 +694,11 @@ class SweepRecord:
     dataset: str
     algorithm: str
     state_line: str
-    summary: Optional[dict[str, Any]]
-    damage: Optional[str] = None  # why its recorded results cannot be read (then summary is None)
+    summary: dict[str, Any] | None
+    damage: str | None = None  # why its recorded results cannot be read (then summary is None)
 
 
-def find_sweeps(uri: str, names: tuple[str, ...] = (), dataset: Optional[str] = None,
+def find_sweeps(uri: str, names: tuple[str, ...] = (), dataset: str | None = None,
                 algorithms: tuple[str, ...] = ()) -> list[SweepRecord]:
     """Every sweep matching the filter, oldest first (the order they were run in), summaries read back."""
     client, experiment_id = _sweep_store(uri)
@@ -723,7 +737,7 @@ def _sweep_store(uri: str) -> tuple[MlflowClient, str]:
     return client, experiment.experiment_id
 
 
-def _missing_sqlite_file(uri: str) -> Optional[Path]:
+def _missing_sqlite_file(uri: str) -> Path | None:
     scheme, _, rest = uri.partition(":///")
     if scheme.split("+")[0] != "sqlite" or not rest or rest == ":memory:":
         return None
@@ -735,7 +749,7 @@ def _missing_sqlite_file(uri: str) -> Optional[Path]:
 MLFLOW_TABLES = frozenset({"experiments", "runs", "alembic_version"})
 
 
-def _not_an_mlflow_sqlite_file(uri: str) -> Optional[str]:
+def _not_an_mlflow_sqlite_file(uri: str) -> str | None:
     """Why an existing SQLite file of `uri` is not an MLflow store, read without writing to it; None if it is
     one (or `uri` is not a SQLite file). Reading commands check this first: MlflowClient would otherwise
     write MLflow's schema into any SQLite file it is pointed at, and a damaged file would end in a traceback."""
@@ -759,7 +773,7 @@ def _not_an_mlflow_sqlite_file(uri: str) -> Optional[str]:
     return None
 
 
-def sqlite_damage(path: Path) -> Optional[str]:
+def sqlite_damage(path: Path) -> str | None:
     """Why an existing SQLite file cannot be read whole, read without writing to it: not a database at all (random
     bytes), or pages cut off or overwritten (a truncated copy), which SQLite finds only when a query reaches them.
     `PRAGMA quick_check` reads every page of every table and index once (about a second per few hundred MB), so
@@ -786,7 +800,7 @@ class DamagedRecord(TrackingError):
     """A sweep's recorded results that cannot be read: that sweep is skipped and named, the rest go on."""
 
 
-def summary_damage(summary: Any) -> Optional[str]:
+def summary_damage(summary: Any) -> str | None:
     """Why a parsed summary.json cannot be a sweep's results (not a mapping, a key missing or of the wrong
     type); None when it has the shape every reader relies on."""
     if not isinstance(summary, dict):
@@ -797,7 +811,7 @@ def summary_damage(summary: Any) -> Optional[str]:
     return None
 
 
-def _parent_summary(client: MlflowClient, parent: Any) -> Optional[dict[str, Any]]:
+def _parent_summary(client: MlflowClient, parent: Any) -> dict[str, Any] | None:
     """The sweep's `results/summary.json` with where it stands; None before it recorded results. A file that
     is cut, not JSON, or not shaped like a summary is a DamagedRecord naming the sweep and the file."""
     name = parent.data.tags.get(SWEEP_TAG, parent.info.run_name)
@@ -805,7 +819,7 @@ def _parent_summary(client: MlflowClient, parent: Any) -> Optional[dict[str, Any
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = client.download_artifacts(parent.info.run_id, "results/summary.json", tmp)
-        except Exception:  # MLflow raises several types for a missing artifact
+        except Exception:  # noqa: BLE001  MLflow raises several types for a missing artifact
             return None
         text = Path(path).read_text(errors="replace")
     try:

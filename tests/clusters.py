@@ -119,7 +119,7 @@ class LocalHead:
     mlflow_uri: str
 
     @classmethod
-    def start(cls, root: Path, base_env: dict[str, str]) -> "LocalHead":
+    def start(cls, root: Path, base_env: dict[str, str]) -> LocalHead:
         """Start it with `base_env`, which its Ray workers inherit (the data dir, offline flags)."""
         env = cluster_env({k: v for k, v in base_env.items() if k != "RAY_TMPDIR"}, root, "state", free_port_base())
         plan = port_plan(env)

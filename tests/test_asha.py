@@ -6,9 +6,9 @@ import json
 from types import SimpleNamespace
 
 import optuna
+from conftest import on_head, run_cli
 from mlflow.tracking import MlflowClient
 
-from conftest import on_head, run_cli
 from raybench.data import load_dataset
 from raybench.sweep.progress import StageProgress
 from raybench.sweep.results import STOPPED, select_best

@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_tiny_dataset
 
 from raybench.algorithms import ALGORITHMS, AlgorithmContext, build_algorithm
 from raybench.algorithms.noisy_student import NoisyStudent
@@ -23,8 +24,6 @@ from raybench.sweep.authoring import new_space_text
 from raybench.sweep.space import load_space
 from raybench.trainer import TrainConfig
 from raybench.trainer.optim import SCHEDULES, build_schedule
-
-from conftest import make_tiny_dataset
 
 SEMI_SUPERVISED = ("pseudolabel", "fixmatch", "noisy_student")
 ACCUMULATING_SPACES = ("coral", "dann", "pseudolabel", "fixmatch", "noisy_student")  # uses unlabeled data, no pretext

@@ -14,12 +14,12 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from conftest import BIN, REPO, cli, on_head, processes_under, run_cli
 from mlflow import MlflowClient
 
-from raybench.sweep.benchmark import Pair, sweep_command, BenchmarkOptions
+from raybench.sweep.benchmark import BenchmarkOptions, Pair, sweep_command
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.tracking import PARENT_TAG
-from conftest import BIN, REPO, cli, on_head, processes_under, run_cli
 
 GRIDS = REPO / "benchmarks" / "grids"
 SMOKE = {"selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function", "smoke": True}
@@ -197,7 +197,7 @@ def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, ray_he
         sweeps = psutil.Process(first.pid).children()
         first.send_signal(signal.SIGKILL)  # a job killed outright: no chance to record anything
         first.wait(timeout=60)
-        gone, alive = psutil.wait_procs(sweeps, timeout=300)  # the running sweep stops when its benchmark dies
+        _gone, alive = psutil.wait_procs(sweeps, timeout=300)  # the running sweep stops when its benchmark dies
         assert not alive
     finally:
         if first.poll() is None:

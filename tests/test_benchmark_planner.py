@@ -17,10 +17,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, cli, fail_on_reaching
+
 from raybench.sweep.benchmark import (
-    BenchmarkOptions, PairRecord, PairRunner, Running, SweepTarget, _record_end, check_storage, load_records,
+    BenchmarkOptions,
+    PairRecord,
+    PairRunner,
+    Running,
+    SweepTarget,
+    _record_end,
+    check_storage,
+    load_records,
     save_records,
 )
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
@@ -226,7 +233,7 @@ def test_a_sweep_that_exits_0_leaving_a_damaged_summary_is_failed_naming_the_fil
     done = subprocess.Popen(["true"])
     done.wait()
     record = PairRecord(pair.sweep, pair.dataset, pair.method)
-    _record_end(Running(pair, done, time.time(), open(tmp_path / "log", "w")), record, tmp_path / "runs", tmp_path)
+    _record_end(Running(pair, done, time.time(), open(tmp_path / "log", "w")), record, tmp_path / "runs", tmp_path)  # noqa: SIM115  _record_end closes it
     assert (record.status, record.reason) == ("failed", f"{damaged} is damaged: a JSON list, not a mapping")
 
 

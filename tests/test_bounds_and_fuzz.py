@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, event, given, settings, strategies as st
-
 from conftest import cli, fail_on_reaching
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
 from raybench.algorithms import ALGORITHMS
 from raybench.settings import FieldType, declared
 from raybench.trainer import ConfigError, TrainConfig
-
 
 pytestmark = pytest.mark.usefixtures("in_private_dirs")
 

@@ -11,6 +11,7 @@ import json
 import math
 
 import pytest
+from test_compare import summary
 
 from raybench.data import load_dataset
 from raybench.sweep.compare import compare, render
@@ -18,8 +19,6 @@ from raybench.sweep.runner import sweep_space
 from raybench.sweep.space import load_space
 from raybench.trainer import TrainConfig, Trainer
 from raybench.trainer.callbacks import Callback
-
-from test_compare import summary
 
 RATIOS = (3, 7, 15)
 ERM_EPOCHS = 10  # digits-shift's

@@ -160,7 +160,7 @@ def test_comparison_figure_has_one_error_bar_per_method_and_column_and_stars_the
     bars = ax.containers
     assert [c.get_label() for c in bars] == ["ID test acc", "OOD test acc"]
     for container, key in zip(bars, ("id_test/acc", "test/acc")):
-        xs, ys = container.lines[0].get_data()
+        _xs, ys = container.lines[0].get_data()
         rows = table.ranked + table.analysis_only
         assert list(ys) == pytest.approx([100 * r.cells[key].mean for r in rows])
         (err,) = container.lines[2]

@@ -7,15 +7,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import raybench.algorithms.emix  # noqa: F401  (registers emix)
-import raybench.algorithms.shed  # noqa: F401  (registers shed)
+import raybench.algorithms.emix
+import raybench.algorithms.shed
 import raybench.models.dabs  # noqa: F401  (registers the dabs_transformer models)
 from raybench.algorithms import AlgorithmContext, build_algorithm
 from raybench.algorithms.emix import EMix, emix_loss, mix_embeddings
 from raybench.algorithms.shed import ShED, binary_entropy, shuffle_count, shuffle_sources
 from raybench.models import ModelSpec, build_model
 from raybench.models.dabs import (
-    DabsFeaturizer, EncoderSize, FrameEmbedding, PatchEmbedding, SpectrogramEmbedding, TokenEmbedding,
+    DabsFeaturizer,
+    EncoderSize,
+    FrameEmbedding,
+    PatchEmbedding,
+    SpectrogramEmbedding,
+    TokenEmbedding,
 )
 from raybench.trainer import ConfigError, TrainConfig, Trainer
 from raybench.trainer.callbacks import Callback
@@ -361,7 +366,7 @@ class ScheduleSpy:
     """Every schedule the trainer builds and every gradient clip it applies, in order."""
 
     def __init__(self, monkeypatch) -> None:
-        import raybench.trainer.loop as loop
+        from raybench.trainer import loop
 
         self.schedules: list = []
         self.clips: list[float] = []

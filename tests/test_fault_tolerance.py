@@ -7,9 +7,8 @@ import signal
 import subprocess
 import time
 
-from mlflow.tracking import MlflowClient
-
 from conftest import BIN
+from mlflow.tracking import MlflowClient
 
 
 def _our_train_workers(ray_tmp: str) -> list[int]:

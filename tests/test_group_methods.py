@@ -216,7 +216,7 @@ def test_every_group_method_trains_and_reports_its_stages(algorithm, tiny_group_
 
 
 def test_a_stage_cache_hit_does_not_retrain_the_reference(tiny_group_dataset, tmp_path, monkeypatch):
-    first, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1)
+    _first, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1)
     reference = stages[0]
     assert reference.name == "reference" and not reference.cached
     fits = []
@@ -228,7 +228,7 @@ def test_a_stage_cache_hit_does_not_retrain_the_reference(tiny_group_dataset, tm
 
     monkeypatch.setattr(Trainer, "fit", counting_fit)
     # Another trial (other S_r) that agrees on the reference's T_r, lr and weight decay: loaded, not trained again.
-    second, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, upsample=5)
+    _second, stages = _fit(tiny_group_dataset, "jtt", tmp_path, reference_epochs=1, upsample=5)
     assert stages[0].cached and stages[0].key == reference.key
     assert fits == ["jtt"]  # only the trial's own training ran
     # A different T_r is a different reference; so is another lr, which JTT's reference shares with its trial.

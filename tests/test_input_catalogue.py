@@ -6,8 +6,8 @@ default --storage) and `mlflow.db` (the default tracking store) must still not e
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -97,8 +97,8 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "teacher checkpoint of another format": (lambda t: [*TEACHER, "--set",
                                                         f"teacher_checkpoint={file_with(b'not a checkpoint')(t)}"],
                                              "teacher_checkpoint"),
-    "teacher checkpoint of another model": (lambda t: [*TEACHER, "--set", "teacher_checkpoint="
-                                                       f"{file_with(_saved({'w': torch.zeros(2)}))(t)}"],
+    "teacher checkpoint of another model": (lambda t: [*TEACHER, "--set", ("teacher_checkpoint="
+                                                       f"{file_with(_saved({'w': torch.zeros(2)}))(t)}")],
                                             "teacher_checkpoint"),
     "teacher checkpoint that runs code": (lambda t: [*TEACHER, "--set",
                                                      f"teacher_checkpoint={file_with(pickle.dumps(RunsCode()))(t)}"],

@@ -18,8 +18,9 @@ from raybench.algorithms.dfr import DFR
 from raybench.algorithms.ssa import split_halves
 from raybench.models import ModelSpec, build_model
 from raybench.models.base import UnreadableWeightsError
+from raybench.report_keys import SELECTION_BLIND
 from raybench.trainer import Callback, ConfigError, TrainConfig, Trainer
-from raybench.trainer.loop import SELECTION_BLIND, STATE_FILE, Shard
+from raybench.trainer.loop import STATE_FILE, Shard
 from raybench.trainer.rng import seed_everything
 
 REPO = Path(__file__).resolve().parents[1]

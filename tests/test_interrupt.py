@@ -11,9 +11,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from conftest import BIN, cli, run_cli, stop_processes_under
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, cli, run_cli, stop_processes_under
 from raybench.sweep.results import replicate_seeds
 
 NAME = "ctrlc"

@@ -1,13 +1,12 @@
 """Reproducible installs: `make setup` installs exactly requirements.lock, and the lock satisfies pyproject."""
 from __future__ import annotations
 
-import tomllib
 from importlib import metadata
 
+import tomllib
+from conftest import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
-from conftest import REPO
 
 LOCK = REPO / "requirements.lock"
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_tiny_dataset
 from torch import Tensor, nn
 
 from raybench import metrics
@@ -24,8 +25,6 @@ from raybench.algorithms.coral import coral_penalty
 from raybench.data import Batch, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
 from raybench.models import FeaturizerHead, ModelSpec, build_model
 from raybench.trainer import Callback, EpochReport, FitResult, TrainConfig, Trainer
-
-from conftest import make_tiny_dataset
 
 
 @pytest.fixture(autouse=True)
@@ -311,7 +310,7 @@ def offset_shift(seed: int, n_train: int = 1024, n_eval: int = 256, offset: floa
         domains = torch.full((n,), domain)
         return Split(name, torch.stack([robust, spurious], 1), y if labeled else None, domains, domains.clone())
 
-    identity = lambda x: x  # noqa: E731
+    identity = lambda x: x
     return ShiftDataset(
         name="offset-shift", task=Task(TaskKind.CLASSIFICATION, 2),
         splits={"train": draw("train", n_train, 0, True), "val": draw("val", n_eval, 1, True),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,11 +18,11 @@ import torch
 from torch import nn
 
 import raybench.algorithms.dfr as dfr_module
-from raybench.algorithms.dfr import Standardizer
 import raybench.algorithms.dispel as dispel_module
 from raybench import metrics
 from raybench.algorithms import AlgorithmContext, RoundContext, StageModel, build_algorithm
 from raybench.algorithms.cb import ClassBalanced
+from raybench.algorithms.dfr import Standardizer
 from raybench.algorithms.gb import GroupBalanced
 from raybench.algorithms.groupdro import GroupDRO
 from raybench.data import Batch, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
@@ -44,7 +45,7 @@ def one_thread():
 
 # ----- tiny vector problems with stub reference models ------------------------------------------------------
 def identity_views() -> Views:
-    same = lambda x: x  # noqa: E731
+    same = lambda x: x
     return Views(same, same, same)
 
 
@@ -153,7 +154,7 @@ def test_groupdro_objective_moves_its_weights_toward_the_worse_group_and_weights
     low, high = float(losses[:2].mean()), float(losses[2:].mean())
     out = algorithm.objective(batch, None, 0)
     q = algorithm.group_weights.clone()
-    assert q[1] > 0.6 > 0.4 > q[0], f"group weights did not move toward the high-loss group: {q.tolist()}"
+    assert q[1] > 0.6 and q[0] < 0.4, f"group weights did not move toward the high-loss group: {q.tolist()}"
     assert out.loss.item() > (low + high) / 2 + 0.1, "the loss does not weight the high-loss group more"
     assert out.loss.item() == pytest.approx(float(q[0]) * low + float(q[1]) * high, rel=1e-5)
     for step in range(1, 4):
@@ -222,7 +223,7 @@ def test_every_training_batch_holds_equal_counts_of_the_methods_key(name, cls, k
         assert counts == [24 // len(keys)] * len(keys), f"{name}: {key} counts {counts} in a batch"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def selected_worst_group_accuracy(algorithm: str, seed: int) -> float:
     """Test worst-group accuracy at the epoch chosen on val worst-group accuracy (SpuCo's protocol), on a
     problem where a spurious tint predicts the label for 98% of the training examples."""

@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TEXTS, make_tiny_dataset, text_model
 from lightly.loss.swav_loss import sinkhorn
 from torch import nn
 
@@ -25,8 +26,6 @@ from raybench.algorithms.swav import SwAV
 from raybench.data import Batch, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
 from raybench.models import FeaturizerHead, ModelSpec, build_model
 from raybench.trainer import TrainConfig, Trainer
-
-from conftest import TEXTS, make_tiny_dataset, text_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -282,7 +281,7 @@ def test_swav_objective_predicts_each_crops_codes_from_the_other_crops(swav_imag
 
 
 def text_context() -> AlgorithmContext:
-    same = lambda x: x  # noqa: E731
+    same = lambda x: x
     return AlgorithmContext(Task(TaskKind.CLASSIFICATION, 4), Views(same, same, same), 1, 10, 1)
 
 
@@ -333,7 +332,7 @@ def shifted_blobs(seed: int) -> ShiftDataset:
         domain = torch.full((n,), int(target))
         return Split(name, x, y if labeled else None, domain, domain.clone())
 
-    same = lambda x: x  # noqa: E731
+    same = lambda x: x
     return ShiftDataset(
         name="blobs", task=Task(TaskKind.CLASSIFICATION, 2),
         splits={"train": split("train", 64, False, True), "val": split("val", 200, False, True),

@@ -15,9 +15,9 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+from conftest import REPO, on_head, require_system_package, run_cli
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, on_head, require_system_package, run_cli
 from raybench.tracking import ui_link
 
 ARTIFACTS = REPO / "test-artifacts"
@@ -48,7 +48,7 @@ def chromium(binary: str, profile: Path, *args: str, timeout: float = 180) -> st
 
 
 def page_text(dom: str) -> str:
-    dom = re.sub(r"<script.*?</script>|<style.*?</style>", " ", dom, flags=re.S)
+    dom = re.sub(r"<script.*?</script>|<style.*?</style>", " ", dom, flags=re.DOTALL)
     return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)))
 
 

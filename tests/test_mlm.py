@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import MINILM_FOLDER as FOLDER
+from conftest import TEXTS, text_model, tiny_text_dataset
 
 from raybench.algorithms import ALGORITHMS, AlgorithmContext, build_algorithm
 from raybench.algorithms.mlm import MaskedLM, masked_batch, masking_collator
 from raybench.data.base import Task, TaskKind, Views
 
-from conftest import MINILM_FOLDER as FOLDER, TEXTS, text_model, tiny_text_dataset
-
 
 def context() -> AlgorithmContext:
-    same = lambda x: x  # noqa: E731
+    same = lambda x: x
     return AlgorithmContext(Task(TaskKind.CLASSIFICATION, 5), Views(same, same, same), 2, 10, 2)
 
 

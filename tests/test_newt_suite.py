@@ -19,7 +19,14 @@ from raybench.cli import main
 from raybench.data import Split, Task, TaskKind
 from raybench.models import ModelSpec, build_model
 from raybench.newt_suite import (
-    STROKE_FAMILIES, Families, PairTask, SuiteSettings, domain_features, draw_task, probe_config, run_suite,
+    STROKE_FAMILIES,
+    Families,
+    PairTask,
+    SuiteSettings,
+    domain_features,
+    draw_task,
+    probe_config,
+    run_suite,
     suite_tasks,
 )
 

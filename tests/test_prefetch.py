@@ -5,27 +5,28 @@ import dataclasses
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import pytest
 import torch
-
 from conftest import REPO, make_tiny_dataset
+
 from raybench.data.base import InputReadError, ShiftDataset, Split
 from raybench.data.prefetch import THREAD_PREFIX, Prefetcher
-from raybench.trainer import Callback, EpochReport, Trainer, TrainConfig
+from raybench.trainer import Callback, EpochReport, TrainConfig, Trainer
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from tests.wilds_fixtures import camelyon17 as camelyon17_fixture, iwildcam as iwildcam_fixture  # noqa: E402
+from tests.wilds_fixtures import camelyon17 as camelyon17_fixture
+from tests.wilds_fixtures import iwildcam as iwildcam_fixture
 
 
 class DiskLikeInputs:
     """Tensors served like files read on demand: a batch per request, every request logged, optionally
     failing at request number `fail_at` (a disk error mid-epoch)."""
 
-    def __init__(self, x: torch.Tensor, log: list, fail_at: Optional[int] = None) -> None:
+    def __init__(self, x: torch.Tensor, log: list, fail_at: int | None = None) -> None:
         self.x, self.log, self.fail_at = x, log, fail_at
         self.closed = 0
 
@@ -43,8 +44,8 @@ class DiskLikeInputs:
         self.closed += 1
 
 
-def disk_like(dataset: ShiftDataset, log: list, fail_at: Optional[int] = None,
-              eval_log: Optional[list] = None) -> ShiftDataset:
+def disk_like(dataset: ShiftDataset, log: list, fail_at: int | None = None,
+              eval_log: list | None = None) -> ShiftDataset:
     """`dataset` with its train and unlabeled inputs read on demand (one request log for both), and its
     evaluation splits too when `eval_log` is given."""
     def wrapped(name: str, split: Split) -> Split:
@@ -98,9 +99,8 @@ def test_a_failed_read_reaches_the_caller_and_the_thread_is_joined():
             raise OSError("bad file")
         return k
 
-    with pytest.raises(OSError, match="bad file"):
-        with Prefetcher(iter(range(100)), load, depth=4) as reads:
-            list(reads)
+    with pytest.raises(OSError, match="bad file"), Prefetcher(iter(range(100)), load, depth=4) as reads:
+        list(reads)
     assert not prefetch_threads()
 
 

@@ -80,7 +80,7 @@ def test_only_the_featurizer_transfers_and_equals_the_cached_one(tiny_dataset, t
 def test_trials_and_replicates_share_one_pretraining_unless_asked_otherwise(tiny_dataset, tmp_path):
     keys = []
     for seed, lr in [(0, 0.01), (0, 0.1), (7, 0.01)]:  # two trials and a replicate with another seed
-        _, _, facts, (report,) = fine_tune(tiny_dataset, tmp_path, seed=seed, lr=lr)
+        _, _, _facts, (report,) = fine_tune(tiny_dataset, tmp_path, seed=seed, lr=lr)
         keys.append((report.key, report.cached))
     assert keys[0][0] == keys[1][0] == keys[2][0] and [c for _, c in keys] == [False, True, True]
     _, _, _, (other,) = fine_tune(tiny_dataset, tmp_path, seed=7, pretrain_seed="none")

@@ -15,9 +15,9 @@ from sklearn.svm import LinearSVC
 
 from raybench.algorithms import AlgorithmContext, build_algorithm
 from raybench.algorithms.frozen import FeatureMemo, featurizer_source
+from raybench.algorithms.groups import parse_grid
 from raybench.algorithms.linear_eval import LinearEval
 from raybench.algorithms.newt_probe import NEWT_C_GRID, NeWTProbe, ProbeHead, fit_newt_probe, probe_weights
-from raybench.algorithms.groups import parse_grid
 from raybench.models import FeaturizerHead, ModelSpec, build_model
 from raybench.trainer import Callback, ConfigError, StageReport, TrainConfig, Trainer
 

@@ -73,7 +73,8 @@ def test_a_run_without_a_field_adds_nothing(missing):
 
 
 def test_a_data_parallel_trials_cpu_seconds_count_every_worker():
-    from raybench.sweep.ray_worker import CPU_KEY, with_workers_cpu
+    from raybench.report_keys import CPU_S as CPU_KEY
+    from raybench.sweep.ray_worker import with_workers_cpu
 
     ranks = [{CPU_KEY: 3.0, "val/acc": 0.5}, {CPU_KEY: 2.5, "val/acc": 0.4}, {CPU_KEY: 1.5}]
     merged = with_workers_cpu(ranks)

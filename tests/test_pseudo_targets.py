@@ -6,9 +6,7 @@ import math
 import torch
 
 from raybench.algorithms.base import masked_bce
-from raybench.algorithms.pseudo_targets import (
-    confident_binary_targets, confident_boxes, hard_targets,
-)
+from raybench.algorithms.pseudo_targets import confident_binary_targets, confident_boxes, hard_targets
 from raybench.data.base import Records, TaskKind
 
 

@@ -32,6 +32,12 @@ def test_the_paper_spaces_ship():
     assert set(SHIPPED) >= {"cb", "gb", "groupdro", "jtt", "eiil", "spare", "ssa", "dfr", "dispel"}  # SpuCo
 
 
+def test_every_registered_algorithm_ships_its_search_space():
+    """Adding an algorithm is its module and its search_spaces/NAME.yaml: a module alone is named here."""
+    missing = [name for name in ALGORITHMS.names() if not (SEARCH_DIR / f"{name}.yaml").is_file()]
+    assert not missing, f"algorithms without a search space in {SEARCH_DIR}: {', '.join(missing)}"
+
+
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory, digits):
     """Datasets by name, each loaded once (digits-shift is already loaded)."""

@@ -5,17 +5,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Optional
+from typing import Any
 
 import pytest
-
 from conftest import on_head, run_cli
+
 from raybench.algorithms import ALGORITHMS, Hparams
 from raybench.cli import main
 from raybench.data import load_dataset
 from raybench.settings import (
-    AT_LEAST_ONE, OPEN_FRACTION, POSITIVE, PROBABILITY, Allowed, FieldType, Suggest, allowed_text, declared,
-    settings_of, setting,
+    AT_LEAST_ONE,
+    OPEN_FRACTION,
+    POSITIVE,
+    PROBABILITY,
+    Allowed,
+    FieldType,
+    Suggest,
+    allowed_text,
+    declared,
+    setting,
+    settings_of,
 )
 from raybench.sweep.runner import OWN_FLAGS
 from raybench.sweep.space import SEARCH_DIR, load_space
@@ -61,8 +70,8 @@ class Plain:
     ratio: float = 0.5
     count: int = 3
     name: str = "x"
-    maybe: Optional[int] = None
-    declared_one: Optional[float] = setting(None, allowed=POSITIVE, suggest=Suggest.loguniform(0.1, 10), help="why")
+    maybe: int | None = None
+    declared_one: float | None = setting(None, allowed=POSITIVE, suggest=Suggest.loguniform(0.1, 10), help="why")
 
 
 def test_fields_without_metadata_get_the_range_their_type_implies():

@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import yaml
+from conftest import BIN, cli, processes_under
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, processes_under
-from raybench.sweep.leftovers import DriverRecord, ProcessId, RECORD_NAME, record_driver, stop_dead_drivers_leftovers
+from raybench.sweep.leftovers import RECORD_NAME, DriverRecord, ProcessId, record_driver, stop_dead_drivers_leftovers
 
 WAIT_S = 420
 RAY_DUMP = "SIGTERM received"  # Ray's native failure-signal handler's dump
@@ -123,25 +122,36 @@ def test_the_recorded_processes_of_a_dead_driver_are_stopped_and_a_live_drivers_
             child.wait()
 
 
-NEXT_START = "from raybench.sweep import ray_backend as b; b.connect(None, 1); b.shutdown()"
-
-
-def test_after_a_sigkill_the_next_start_stops_what_the_dead_drivers_ray_left_running(tmp_path, sweep_env):
-    """Ray's agents outlive a SIGKILLed driver by about a minute here (90 s seen elsewhere); the next private
-    start, a minute sooner, stops them by the dead driver's record."""
+def test_after_a_sigkill_results_says_so_and_the_resume_stops_the_dead_drivers_leftovers_and_completes(
+        tmp_path, sweep_env, capsys):
+    """Ray's agents outlive a SIGKILLed driver by about a minute here (90 s seen elsewhere). `results` calls the
+    sweep interrupted because its driver is gone and prints the resume line; that resume, a private start a
+    minute sooner, stops the leftovers by the dead driver's record and finishes the one trial, every epoch once."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
     proc = _start(_sweep_args(tmp_path, "kill9"), sweep_env, tmp_path)
     try:
-        _trial_mid_run(proc, tmp_path / "runs" / "kill9-search", f"sqlite:///{tmp_path}/mlflow.db")
+        _trial_mid_run(proc, tmp_path / "runs" / "kill9-search", uri)
         session = psutil.Process(proc.pid).children(recursive=True)  # its Ray, trials and agents included
         proc.kill()
     finally:
         _finish(proc)
     assert session and proc.returncode == -signal.SIGKILL
+    shown = cli(["results", "kill9", "--tracking-uri", uri], capsys)
+    assert "INTERRUPTED (its driver process is gone)" in shown.stderr + shown.stdout, shown.stderr + shown.stdout
+    assert "resume with: raybench sweep erm" in shown.stderr + shown.stdout and "--resume" in shown.stderr + shown.stdout
 
-    started = subprocess.run([sys.executable, "-c", NEXT_START], env=sweep_env, cwd=tmp_path, capture_output=True,
-                             text=True, timeout=WAIT_S)
-    assert started.returncode == 0, started.stderr[-3000:]
+    resumed = subprocess.run([str(BIN / "raybench"), *_sweep_args(tmp_path, "kill9"), "--resume"], env=sweep_env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=WAIT_S)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     _, alive = psutil.wait_procs(session, timeout=20)
     assert not alive, [(p.pid, p.name()) for p in alive]
     ray_root = Path(sweep_env["RAY_TMPDIR"]) / "ray"  # the dead driver's record is dropped, the clean one's too
     assert not list(ray_root.glob(f"session_*/{RECORD_NAME}"))
+    trials = json.loads((tmp_path / "runs" / "kill9" / "results" / "summary.json").read_text())["trials"]
+    assert [t["status"] for t in trials] == ["ok"], trials
+    search = _runs(uri, "tags.stage = 'search'")
+    assert len(search) == 1 and search[0].info.status == "FINISHED", [(r.info.run_id, r.info.status) for r in search]
+    steps = [m.step for m in MlflowClient(tracking_uri=uri).get_metric_history(search[0].info.run_id, "val/acc")]
+    # Every epoch once: after a SIGKILL the trial goes on from the last checkpoint Tune had saved, so epochs the
+    # dead driver had logged run again; the resumed driver does not log them twice.
+    assert sorted(steps) == [0, 1, 2], steps

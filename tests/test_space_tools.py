@@ -6,8 +6,8 @@ import json
 
 import optuna
 import pytest
-
 from conftest import cli, run_cli
+
 from raybench.data import load_dataset
 from raybench.sweep.authoring import describe, draw
 from raybench.sweep.runner import sweep_space
@@ -27,7 +27,8 @@ def spuco(shared_data_dir):
 
 def test_draws_are_what_the_sweeps_searcher_hands_out_repeats_and_redraws_included(spuco):
     """The sweep's DistinctOptunaSearch, asked 14 times on SpuCo's 12-config grid, against draw_configs."""
-    from raybench.sweep.ray_backend import SEARCH_METRIC, DistinctOptunaSearch
+    from raybench.report_keys import SELECTION_BEST as SEARCH_METRIC
+    from raybench.sweep.ray_backend import DistinctOptunaSearch
 
     resolved = sweep_space(load_space("erm"), spuco, {})
     searcher = DistinctOptunaSearch(space={n: optuna_distribution(p) for n, p in resolved.search.items()},

@@ -15,14 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import require_system_package, run_cli
 
 from raybench.data import LABELED_SPLITS, UNLABELED_SPLITS, ShiftDataset
 from raybench.data import spoken_digits as sd
 from raybench.models import ModelSpec, build_model
 from raybench.trainer import TrainConfig, Trainer
-
-from conftest import require_system_package, run_cli
-
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from raybench.data import DATASETS, ShiftDataset, TaskKind, load_dataset
-from raybench.data import spuco
-from raybench.data.base import MIN_GROUP_EXAMPLES, warn_small_groups
 from conftest import require_system_package
+
+from raybench.data import DATASETS, ShiftDataset, TaskKind, load_dataset, spuco
+from raybench.data.base import MIN_GROUP_EXAMPLES, warn_small_groups
 
 # Sizes the module docstring promises; written out so a change to the constants is noticed.
 DOCUMENTED_SIZES = {"train": 50_000, "val": 12_500, "test": 2_500}

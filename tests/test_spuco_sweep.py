@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from clusters import LocalHead
 from conftest import cli, on_head, run_cli
+from mlflow.tracking import MlflowClient
 
 
 def _sweep(space: str, workdir: Path, head: LocalHead, *extra: str) -> dict:

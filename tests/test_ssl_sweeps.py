@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from clusters import LocalHead
 from conftest import MINILM_FOLDER, on_head, run_cli
+from mlflow.tracking import MlflowClient
 from wilds_fixtures import write_all
+
 
 def _sweep(space: str, dataset: str, sets: list[str], runs: tuple[int, int], workdir: Path, head: LocalHead) -> dict:
     uri = f"sqlite:///{workdir}/mlflow.db"

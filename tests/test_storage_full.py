@@ -16,16 +16,16 @@ import shlex
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow.fs as pafs
 import pytest
 import torch
+from conftest import BIN, cli, on_head, require_system_package, run_cli
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, cli, on_head, require_system_package, run_cli
 from raybench.paths import StorageFull, storage_writes, write_atomically, write_text_atomically
 from raybench.sweep.atomic_storage import atomic_local_filesystem
 
@@ -72,9 +72,8 @@ def test_a_record_written_to_a_full_disk_keeps_its_previous_version(tmp_path):
         record.parent.mkdir()
         write_text_atomically(record, json.dumps({"state": "finished", "trials": 2}))
         fill(disk, leave=16 * 1024)
-        with pytest.raises(StorageFull) as raised:
-            with storage_writes(disk, "the results of sweep 'x'"):
-                write_text_atomically(record, json.dumps({"state": "finished", "trials": ["x" * 64] * 1024}))
+        with pytest.raises(StorageFull) as raised, storage_writes(disk, "the results of sweep 'x'"):
+            write_text_atomically(record, json.dumps({"state": "finished", "trials": ["x" * 64] * 1024}))
         assert str(raised.value) == (f"--storage {disk}: no space left on device (ENOSPC) while writing the results "
                                      f"of sweep 'x' (sweep/summary.json)")
         assert json.loads(record.read_text()) == {"state": "finished", "trials": 2}

@@ -14,9 +14,9 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+from conftest import cli, on_head, run_cli
 from mlflow.tracking import MlflowClient
 
-from conftest import cli, on_head, run_cli
 from raybench.data import load_dataset
 from raybench.sweep.space import load_space
 
@@ -206,7 +206,7 @@ def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_
             assert (row[f"{key}.mean"], row[f"{key}.n"]) == (cell["mean"], cell["n"])
             assert row[f"{key}.std"] == cell["std"] and csv_row[f"{key}.mean"] == pytest.approx(cell["mean"], rel=1e-12)
     texts = {fmt_name: compared(fmt_name) for fmt_name in ("table", "markdown", "latex")}
-    for name, cells in own.items():
+    for cells in own.values():
         for key in keys:
             shown = fmt(cells[f"best/{key}"])
             assert shown in texts["table"] and shown in texts["markdown"]

@@ -88,7 +88,8 @@ def test_the_searcher_does_not_hand_out_a_config_twice(tmp_path):
     """On a discrete grid a random sampler repeats itself; repeats are redrawn, and that survives a restore."""
     import optuna
 
-    from raybench.sweep.ray_backend import SEARCH_METRIC, DistinctOptunaSearch
+    from raybench.report_keys import SELECTION_BEST as SEARCH_METRIC
+    from raybench.sweep.ray_backend import DistinctOptunaSearch
 
     grid = {"lr": optuna.distributions.CategoricalDistribution([0.1, 0.01, 0.001]),
             "weight_decay": optuna.distributions.CategoricalDistribution([0.0, 0.01])}

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import BIN, on_head
 from mlflow.tracking import MlflowClient
 
-from conftest import BIN, on_head
 from raybench.cli import main
 from raybench.paths import LockHolder, take_lock
 from raybench.sweep.runner import changed_flag, sweep_lock_path
@@ -78,7 +78,7 @@ def base_sweep(tmp_path_factory, ray_head, data_dir):
         holder = wait_for_holder(sweep_lock_path((workdir / "runs").resolve(), NAME), proc)
         attempts = {"new": in_process(args), "resume": in_process([*args, "--resume"])}
         alive_after = proc.poll() is None
-        out, err = proc.communicate(timeout=WAIT_S)
+        _out, err = proc.communicate(timeout=WAIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -8,9 +8,10 @@ import socket
 from pathlib import Path
 
 import pytest
+from conftest import on_head, run_cli
 from mlflow.tracking import MlflowClient
 
-from conftest import on_head, run_cli
+from raybench.report_keys import SELECTION_BLIND
 from raybench.sweep import results
 from raybench.tracking import SweepTracker, load_sweep_results, redact_uri
 
@@ -116,6 +117,10 @@ def test_a_name_with_a_quote_round_trips_through_the_tracking_store(tmp_path):
     tracker.log_artifacts(folder, "results")
     child = tracker.start_child("k'1", "search-k'1", {}, {"stage": "search"})
     assert tracker.start_child("k'1", "search-k'1", {}, {"stage": "search"}) == child  # found again, not duplicated
+    assert tracker.open_child("k'2", "search-k'2", {}, {"stage": "search"})[1] == -1  # a new run has logged nothing
+    for epoch in (0, 1):
+        tracker.log_metrics(child, {"epoch": float(epoch), "val/acc": 0.5}, step=epoch)
+    assert tracker.open_child("k'1", "search-k'1", {}, {"stage": "search"}) == (child, 1)  # a resume skips 0 and 1
     tracker.end_sweep("FINISHED")
     loaded = load_sweep_results(uri, name)
     assert loaded["name"] == name and loaded["tracking_state"] == "finished"
@@ -172,8 +177,8 @@ def test_blind_trials_are_named_in_the_summary():
     ok = {"status": "ok", "selection_blind": False, "selection_value": 0.5}
     blind = {"status": "ok", "selection_blind": True}
     assert results.blindness([ok, {**ok, "selection_value": 0.7}]) is None
-    assert results.blindness([ok, blind]) == f"1 of 2 trials: {results.BLIND}"
-    assert results.blindness([blind, blind]) == f"every trial's {results.BLIND}"
+    assert results.blindness([ok, blind]) == f"1 of 2 trials: {SELECTION_BLIND}"
+    assert results.blindness([blind, blind]) == f"every trial's {SELECTION_BLIND}"
 
 
 def test_trials_that_all_score_the_same_make_the_search_blind():
@@ -196,8 +201,8 @@ def test_a_trial_whose_selection_metric_never_moves_is_tagged_blind(tmp_path, ra
     summary = json.loads((tmp_path / "runs" / "still" / "results" / "summary.json").read_text())
     [trial] = summary["trials"]
     assert trial["status"] == "ok" and trial["selection_blind"] is True
-    assert summary["selection_blind"] == f"every trial's {results.BLIND}"
-    assert f"Selection is blind: every trial's {results.BLIND}" in proc.stdout
+    assert summary["selection_blind"] == f"every trial's {SELECTION_BLIND}"
+    assert f"Selection is blind: every trial's {SELECTION_BLIND}" in proc.stdout
     [child] = [r for r in _runs(uri) if r.data.tags.get("stage") == "search"]
     assert child.data.tags["raybench.selection_blind"] == "selection metric constant: selection is blind"
 

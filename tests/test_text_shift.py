@@ -45,8 +45,8 @@ def texts_of(dataset: ShiftDataset, split: str) -> list[str]:
 
 def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
     assert a.keys() == b.keys()
-    for key in a:
-        assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+    for key, value in a.items():
+        assert value.dtype == b[key].dtype and np.array_equal(value, b[key]), key
 
 
 # ---------------------------------------------------------------- sizes, labels, domains
@@ -169,8 +169,8 @@ def test_webster_reader_keeps_the_1913_definition_only() -> None:
 
 @pytest.mark.parametrize("entry, expected", [
     # an obsolete first sense is skipped for the next one
-    ("Frob \\Frob\\, n.\n   1. A thing now gone. [Obs.]\n   [1913 Webster]\n\n"
-     "   2. A kind of metal hook used by smiths.\n   [1913 Webster]",
+    (("Frob \\Frob\\, n.\n   1. A thing now gone. [Obs.]\n   [1913 Webster]\n\n"
+     "   2. A kind of metal hook used by smiths.\n   [1913 Webster]"),
      ts.WebsterEntry(("frob",), "n.", "A kind of metal hook used by smiths.")),
     # GCIDE's copies of WordNet and its 2000s rewrites are not Webster 1913
     ("frob \\frob\\ n.\n   a kind of metal hook used by smiths\n   [WordNet 1.5]",
@@ -185,8 +185,8 @@ def test_webster_reader_keeps_the_1913_definition_only() -> None:
      ts.WebsterEntry(("frobia",), "prop.n.", "A genus of plants with hooked leaves.")),
     ("Frob \\Frob\\, v. t. & i. [imp. & p. p. {Frobbed}.]\n   To hook with a frob; to pull.\n   [1913 Webster]",
      ts.WebsterEntry(("frob",), "v.t.", "To hook with a frob; to pull.")),
-    ('Frob hook \\Frob" hook`\\, Frobhook \\Frob"hook`\\, n.\n\n         The frob hook hung by the door. --Gay.\n'
-     "   [1913 Webster]\n\n   A hook shaped like a frob.\n   [1913 Webster]",
+    (('Frob hook \\Frob" hook`\\, Frobhook \\Frob"hook`\\, n.\n\n         The frob hook hung by the door. --Gay.\n'
+     "   [1913 Webster]\n\n   A hook shaped like a frob.\n   [1913 Webster]"),
      ts.WebsterEntry(("frob_hook", "frobhook"), "n.", "A hook shaped like a frob.")),
 ])
 def test_webster_reader_rules(entry: str, expected: ts.WebsterEntry) -> None:

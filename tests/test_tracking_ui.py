@@ -5,7 +5,12 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from raybench.tracking import (
-    DESCRIPTION_LIMIT, DESCRIPTION_TAG, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, SweepTracker, run_description,
+    DESCRIPTION_LIMIT,
+    DESCRIPTION_TAG,
+    EXPERIMENT_KIND_TAG,
+    MODEL_TRAINING_KIND,
+    SweepTracker,
+    run_description,
 )
 
 
@@ -81,7 +86,7 @@ def test_reading_a_sqlite_file_that_is_not_an_mlflow_store_refuses_it_and_writes
                           (damaged, "is not a readable SQLite database")):
         before = path.read_bytes()
         uri = f"sqlite:///{path}"
-        for read in (lambda: find_sweeps(uri), lambda: load_sweep_results(uri, "s")):
+        for read in (lambda uri=uri: find_sweeps(uri), lambda uri=uri: load_sweep_results(uri, "s")):
             with pytest.raises(TrackingError, match=f"no MLflow store at .*{path.name}'? {message}"):
                 read()
         assert path.read_bytes() == before, f"{path.name} was written to"

@@ -14,9 +14,7 @@ from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from raybench.sweep.ray_backend import (
-    DEFAULT_TRAIN_PATH, ShapedDataParallelTrainer, ShapedTorchTrainer, TrainPath,
-)
+from raybench.sweep.ray_backend import DEFAULT_TRAIN_PATH, ShapedDataParallelTrainer, ShapedTorchTrainer, TrainPath
 from tests.conftest import stop_processes_under
 
 

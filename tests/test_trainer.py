@@ -59,7 +59,7 @@ def _mlp_model(dataset) -> FeaturizerHead:
 
 def test_k_accumulation_steps_of_b_over_k_match_one_step_of_b(tiny_dataset, monkeypatch):
     monkeypatch.setattr(Trainer, "new_model", lambda self: _mlp_model(self.dataset))
-    common = dict(algorithm="erm", optimizer="sgd", momentum=0.0, lr=0.5, epochs=1)
+    common = {"algorithm": "erm", "optimizer": "sgd", "momentum": 0.0, "lr": 0.5, "epochs": 1}
     big = Trainer(config(**common, batch_size=32, max_steps_per_epoch=1), dataset=tiny_dataset).fit().best_model
     small = Trainer(config(**common, batch_size=16, grad_accum=2, max_steps_per_epoch=2), dataset=tiny_dataset).fit().best_model
     initial = _mlp_model(tiny_dataset)
@@ -162,7 +162,6 @@ def test_bad_selection_metric_is_named(tiny_dataset):
 
 def _ddp_worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
-
     from conftest import make_tiny_dataset
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

@@ -1,6 +1,7 @@
 """Each patch of raybench/data/wilds/compat.py on its own (the fixture tests exercise them end to end)."""
 from __future__ import annotations
 
+import pickle
 import sys
 
 import pandas as pd
@@ -44,7 +45,7 @@ def test_ogb_loads_its_own_processed_graphs_with_weights_only_false(tmp_path):
 
     path = tmp_path / "graphs.pt"
     torch.save((Data(x=torch.zeros(2, 9, dtype=torch.long)), {"x": torch.tensor([0, 2])}), path)
-    with pytest.raises(Exception):  # plain torch >= 2.6 refuses PyG objects by default
+    with pytest.raises(pickle.UnpicklingError):  # plain torch >= 2.6 refuses PyG objects by default
         torch.load(path)
     data, slices = dataset_pyg.torch.load(path)
     assert data.x.shape == (2, 9) and slices["x"].tolist() == [0, 2]

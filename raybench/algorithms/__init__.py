@@ -15,11 +15,9 @@ from raybench.algorithms.base import (
 )
 from raybench.algorithms.registry import ALGORITHMS, register
 from raybench.models.base import FeaturizerHead
+from raybench.registry import import_every_module
 
-from raybench.algorithms import (  # noqa: E402,F401
-    cb, coral, dann, dfr, dispel, eiil, emix, erm, fixmatch, gb, groupdro, jtt, linear_eval, mlm, newt_probe,
-    noisy_student, pseudolabel, shed, spare, ssa, swav,
-)
+import_every_module(__name__, __path__)  # each module registers itself: no list to keep
 
 
 def parse_hparams(name: str, values: dict[str, Any]) -> Hparams:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Optional
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ class Hparams:
     Checks that relate several fields, or parse a field (a grid of numbers), stay in `__post_init__`."""
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], algorithm: str) -> "Hparams":
+    def from_dict(cls, values: dict[str, Any], algorithm: str) -> Hparams:
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -105,10 +106,10 @@ class SamplingPlan:
     round's epochs, schedule and planned budget from it, so the extra compute shows in the budget.
     """
 
-    balance_by: Optional[Tensor] = None
-    weights: Optional[Tensor] = None
-    indices: Optional[Tensor] = None
-    epoch_examples: Optional[int] = None
+    balance_by: Tensor | None = None
+    weights: Tensor | None = None
+    indices: Tensor | None = None
+    epoch_examples: int | None = None
 
     def __post_init__(self) -> None:
         if sum(v is not None for v in (self.balance_by, self.weights, self.indices)) != 1:
@@ -136,7 +137,7 @@ class ScoredRows:
 
     rows: Tensor
     note: str
-    model: Optional[nn.Module] = None
+    model: nn.Module | None = None
 
 
 @dataclass
@@ -154,19 +155,19 @@ class RoundContext:
     """
 
     round: int
-    unlabeled: Optional[Split]
-    previous_model: Optional[FeaturizerHead]
+    unlabeled: Split | None
+    previous_model: FeaturizerHead | None
     load_model: Callable[[str, str], FeaturizerHead]
     predict: Callable[[nn.Module, Split, Callable[[Tensor], Tensor]], Tensor]
-    train: Optional[Split] = None
-    split: Optional[Callable[[str], Split]] = None
+    train: Split | None = None
+    split: Callable[[str], Split] | None = None
     seed: int = 0
-    dataset: Optional[ShiftDataset] = None
-    train_stage: Optional[Callable[..., StageModel]] = None
-    report_stage: Optional[Callable[[str, Mapping[str, float], Mapping[str, str]], None]] = None
-    lr: Optional[float] = None
-    weight_decay: Optional[float] = None
-    batch_size: Optional[int] = None
+    dataset: ShiftDataset | None = None
+    train_stage: Callable[..., StageModel] | None = None
+    report_stage: Callable[[str, Mapping[str, float], Mapping[str, str]], None] | None = None
+    lr: float | None = None
+    weight_decay: float | None = None
+    batch_size: int | None = None
 
 
 def masked_bce(outputs: Tensor, y: Tensor) -> Tensor:
@@ -213,11 +214,11 @@ class Algorithm(nn.Module, ABC):
     requires: ClassVar[frozenset[str]] = frozenset()
     # The registered models it runs on, when it needs a particular architecture (e-Mix and ShED edit a DABS
     # transformer's token embeddings); None: any model. Checked with the config, before any data is read.
-    models: ClassVar[Optional[frozenset[str]]] = None
+    models: ClassVar[frozenset[str] | None] = None
     # What a dataset must declare in its `algorithm_hparams` under this method's name before it may run there
     # (SwAV: its multi-crop views, K and pre-training budget); None: nothing. WILDS ran such methods on named
     # datasets only, and their settings differ per dataset, so a dataset without them is refused, not guessed.
-    dataset_settings: ClassVar[Optional[str]] = None
+    dataset_settings: ClassVar[str | None] = None
     # For methods that use unlabeled data: the factor of their search space's `ratio_epochs` rule, epochs =
     # ceil(factor x E / (k + 1)) (WILDS 2.0 App. D), which `raybench space new` writes. Noisy Student's is 1 per
     # teacher-student iteration, as its shipped space has it.
@@ -231,10 +232,10 @@ class Algorithm(nn.Module, ABC):
     # later (utils.py lines 100-104), so DistilBERT's linear schedule (examples/configs/model.py line 10) does not
     # replace it on civilcomments and amazon there. The paper's text names no schedule for these methods; the code
     # is followed.
-    default_scheduler: ClassVar[Optional[str]] = None
+    default_scheduler: ClassVar[str | None] = None
     # What a budget planned before the run cannot know (JTT: its epochs cover an upsampled set whose size the
     # reference stage decides); `space show` prints it under the budget table. None: the plan is exact.
-    budget_note: ClassVar[Optional[str]] = None
+    budget_note: ClassVar[str | None] = None
 
     @classmethod
     def requirements(cls, hparams: Hparams) -> frozenset[str]:
@@ -242,7 +243,7 @@ class Algorithm(nn.Module, ABC):
         return cls.requires | (frozenset({"strong_augmentation"}) if getattr(hparams, "augment", False) else frozenset())
 
     @classmethod
-    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> Optional[str]:
+    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> str | None:
         """Why this algorithm cannot run on a dataset of this task and these capabilities; None if it can."""
         if task not in cls.supported_tasks:
             allowed = ", ".join(sorted(k.value for k in cls.supported_tasks))
@@ -262,10 +263,10 @@ class Algorithm(nn.Module, ABC):
         self.context = context
 
     @abstractmethod
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         """The loss for one (labeled, unlabeled) batch pair at global step `step`."""
 
-    def forward(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def forward(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         return self.objective(labeled, unlabeled, step)
 
     def supervised_loss(self, outputs: Tensor, y: Tensor) -> Tensor:
@@ -307,7 +308,7 @@ class Algorithm(nn.Module, ABC):
         depends on must be in the state dict."""
         return {}
 
-    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+    def sampling(self, train: Split) -> SamplingPlan | None:
         """How to draw labeled batches; None is a uniform shuffle. Called at every epoch, also after a resume,
         so whatever it depends on must be in the state dict (buffers or extra state)."""
         return None

@@ -1,8 +1,6 @@
 """Class balancing: ERM on batches with equal counts of every class."""
 from __future__ import annotations
 
-from typing import Optional
-
 from raybench.algorithms.base import SamplingPlan
 from raybench.algorithms.erm import ERM
 from raybench.algorithms.registry import register
@@ -18,6 +16,6 @@ class ClassBalanced(ERM):
 
     supported_tasks = frozenset({TaskKind.CLASSIFICATION})
 
-    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+    def sampling(self, train: Split) -> SamplingPlan | None:
         assert train.y is not None
         return SamplingPlan(balance_by=train.y)

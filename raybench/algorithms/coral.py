@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-import torch
 from torch import Tensor
 
 from raybench.algorithms.base import Algorithm, Hparams, StepOutput
@@ -44,7 +42,7 @@ class CORAL(Algorithm):
     supported_tasks = frozenset({TaskKind.CLASSIFICATION, TaskKind.REGRESSION, TaskKind.MULTILABEL})
     requires = frozenset({"features"})
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         assert unlabeled is not None, "CORAL needs an unlabeled batch"
         n = len(labeled)
         x = concat_inputs(self.view(labeled.x, self.hparams.augment), self.view(unlabeled.x, self.hparams.augment))

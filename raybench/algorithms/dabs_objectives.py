@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,11 @@ from torch import Tensor, nn
 from raybench.algorithms.base import Algorithm, AlgorithmContext, RoundContext, StepOutput
 from raybench.algorithms.frozen import FeatureMemo, RememberedFeatures
 from raybench.algorithms.pretext import (
-    PretrainHparams, PretrainThenTransfer, is_pretext_phase, pretrain_stage, transfer_featurizer,
+    PretrainHparams,
+    PretrainThenTransfer,
+    is_pretext_phase,
+    pretrain_stage,
+    transfer_featurizer,
 )
 from raybench.data.base import ALL_UNLABELED, Batch, TaskKind
 from raybench.models.base import FeaturizerHead
@@ -79,20 +83,20 @@ class DabsPretext(PretrainThenTransfer, Algorithm):
         self.feature_memo = FeatureMemo()
 
     @classmethod
-    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> Optional[str]:
+    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> str | None:
         if not capabilities & {"strong_augmentation", "text"}:  # image datasets offer the first, text the second
             return ("DABS's embedding modules read images, raw text or 1-D signals (not graphs or detection boxes), "
                     "and its objectives need a dabs_transformer model")
         return super().inapplicable_reason(hparams, task, capabilities)
 
-    def train(self, mode: bool = True) -> "DabsPretext":
+    def train(self, mode: bool = True) -> DabsPretext:
         """In linear transfer the frozen featurizer stays in eval mode: its features are fixed, no dropout."""
         super().train(mode)
         if self.linear_transfer:
             self.model.featurizer.eval()
         return self
 
-    def objective(self, labeled: Optional[Batch], unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch | None, unlabeled: Batch | None, step: int) -> StepOutput:
         if not self.linear_transfer:
             assert unlabeled is not None, f"the {self.name} pretext phase trains on unlabeled batches"
             return self.pretext_objective(self.context.views.plain(unlabeled.x))

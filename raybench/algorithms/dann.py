@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +19,9 @@ from raybench.settings import NON_NEGATIVE, POSITIVE, Suggest, setting
 class DANNHparams(Hparams):
     penalty: float = setting(1.0, allowed=NON_NEGATIVE, suggest=Suggest.loguniform(0.1, 10),
                              help="lambda, the weight of the domain-classification loss")
-    classifier_lr: Optional[float] = setting(None, allowed=POSITIVE, help="none: the run's lr")
-    discriminator_lr: Optional[float] = setting(None, allowed=POSITIVE, help="none: the run's lr")
-    featurizer_lr: Optional[float] = setting(None, allowed=POSITIVE, help="none: classifier_lr / 10, as WILDS 2.0 "
+    classifier_lr: float | None = setting(None, allowed=POSITIVE, help="none: the run's lr")
+    discriminator_lr: float | None = setting(None, allowed=POSITIVE, help="none: the run's lr")
+    featurizer_lr: float | None = setting(None, allowed=POSITIVE, help="none: classifier_lr / 10, as WILDS 2.0 "
                                                                           "App. D")
     augment: bool = setting(True, per_dataset=True, help="strong augmentation of both batches; off where a dataset "
                                                          "has none")
@@ -75,7 +75,7 @@ class DANN(Algorithm):
             {"params": list(self.discriminator.parameters()), "lr": self.hparams.discriminator_lr or lr},
         ]
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         assert unlabeled is not None, "DANN needs an unlabeled batch"
         n = len(labeled)
         x = concat_inputs(self.view(labeled.x, self.hparams.augment), self.view(unlabeled.x, self.hparams.augment))

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,12 +24,12 @@ DEFAULT_C_GRID = "1.0,0.7,0.3,0.1,0.07,0.03,0.01"  # SpuCo App. B
 
 @dataclass
 class DFRHparams(ReferenceHparams):
-    reference_epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="T_r; none: the full ERM run at the "
+    reference_epochs: int | None = setting(None, allowed=AT_LEAST_ONE, help="T_r; none: the full ERM run at the "
                                                                                "dataset's epochs (SpuCo: no early stopping)")
     # DFR's only searched settings are its ERM model's (SpuCo App. C grid): C is chosen inside.
-    reference_lr: Optional[float] = setting(None, allowed=POSITIVE, suggest=Suggest.choice(0.01, 0.001, 0.0001),
+    reference_lr: float | None = setting(None, allowed=POSITIVE, suggest=Suggest.choice(0.01, 0.001, 0.0001),
                                             help="the ERM model's lr; none: the dataset's")
-    reference_weight_decay: Optional[float] = setting(None, allowed=NON_NEGATIVE,
+    reference_weight_decay: float | None = setting(None, allowed=NON_NEGATIVE,
                                                       suggest=Suggest.choice(0.01, 0.005, 0.0005, 0.0001),
                                                       help="the ERM model's weight decay; none: the dataset's")
     c_grid: str = setting(DEFAULT_C_GRID, help="inverse l1 strengths tried (comma-separated); the best on the "
@@ -62,7 +63,7 @@ class Standardizer:
     scale: np.ndarray
 
     @classmethod
-    def fit(cls, z: np.ndarray) -> "Standardizer":
+    def fit(cls, z: np.ndarray) -> Standardizer:
         from sklearn.preprocessing import StandardScaler  # here: scikit-learn costs seconds in every Ray worker
 
         scaler = StandardScaler().fit(z)
@@ -112,7 +113,7 @@ class ScoredSetting:
     head: LinearHead
 
 
-def blind_grid_note(candidates: list[ScoredSetting]) -> Optional[str]:
+def blind_grid_note(candidates: list[ScoredSetting]) -> str | None:
     """A line when every candidate of a grid of two or more scored the same: choosing among them chose nothing."""
     scores = {c.score for c in candidates}
     if len(candidates) < 2 or len(scores) > 1:
@@ -151,8 +152,8 @@ class DFR(Algorithm):
     def __init__(self, model: FeaturizerHead, hparams: DFRHparams, context: AlgorithmContext) -> None:
         super().__init__(model, hparams, context)
         self.held_out = torch.empty(0, dtype=torch.long)  # rows of `val` the chosen setting's model never saw
-        self.selection_head: Optional[LinearHead] = None  # that model's head, on raw embeddings
-        self._selection_model: Optional[nn.Module] = None
+        self.selection_head: LinearHead | None = None  # that model's head, on raw embeddings
+        self._selection_model: nn.Module | None = None
         self.standardize = Standardizer(np.zeros(0), np.ones(0))  # fit on the training embeddings in begin_round
 
     def get_extra_state(self) -> dict[str, Any]:
@@ -166,7 +167,7 @@ class DFR(Algorithm):
         self.selection_head = None if head is None else LinearHead(head[0].numpy(), head[1].numpy())
         self._selection_model = None
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         loss = self.supervised_loss(self.model(self.view(labeled.x, False)), labeled.y)
         return StepOutput(loss, {"loss/supervised": loss.detach()})
 
@@ -258,7 +259,7 @@ class DFR(Algorithm):
         self.write_head(self.model, head)
 
     @staticmethod
-    def write_head(model: nn.Module, head: Optional[LinearHead]) -> None:
+    def write_head(model: nn.Module, head: LinearHead | None) -> None:
         linear = model.head
         assert isinstance(linear, nn.Linear) and head is not None, "DFR refits a plain linear head"
         with torch.no_grad():

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from raybench.algorithms.base import Algorithm, Hparams, StepOutput
 from raybench.algorithms.registry import register
@@ -27,6 +26,6 @@ class ERM(Algorithm):
     Hparams = ERMHparams
     supported_tasks = frozenset(TaskKind)
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         loss = self.model.fit_loss(self.view(labeled.x, self.hparams.augment), labeled.y, self.supervised_loss)
         return StepOutput(loss, {"loss/supervised": loss.detach()})

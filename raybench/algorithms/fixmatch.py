@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -38,7 +37,7 @@ class FixMatch(Algorithm):
     # line 57 ('scheduler': 'FixMatchLR'); the paper's text names none, the code is followed (base.py explains).
     default_scheduler = "fixmatch"
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         assert unlabeled is not None, "FixMatch needs an unlabeled batch"
         views = self.context.views
         with torch.no_grad():

@@ -14,9 +14,10 @@ Where the featurizer comes from is the hyperparameter `features_from`:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -86,7 +87,7 @@ def featurizer_source(model: FeaturizerHead, features_from: str, seed: int) -> s
         raise ConfigError("features_from", str(err)) from None
 
 
-def content_keys(x: Any) -> Optional[list[Hashable]]:
+def content_keys(x: Any) -> list[Hashable] | None:
     """One key per input row that only its content determines: a tensor row's bytes hashed by BLAKE2b (128
     bits), a text itself. None for inputs of other kinds (graphs, lists of images), which are not memoised."""
     if isinstance(x, Tensor):
@@ -163,7 +164,7 @@ class RememberedFeatures(nn.Module):
         super().__init__()
         self.parts = (model, memo)  # a tuple, so nn.Module does not adopt the model as a submodule
 
-    def train(self, mode: bool = True) -> "RememberedFeatures":
+    def train(self, mode: bool = True) -> RememberedFeatures:
         self.training = mode
         return self
 
@@ -183,7 +184,7 @@ class FrozenFeaturizer(Algorithm):
         model.featurizer.eval()
         self.feature_memo = FeatureMemo()
 
-    def train(self, mode: bool = True) -> "FrozenFeaturizer":
+    def train(self, mode: bool = True) -> FrozenFeaturizer:
         super().train(mode)
         self.model.featurizer.eval()  # the trainer's train() must not switch on batch-norm updates or dropout
         return self

@@ -1,8 +1,6 @@
 """Group balancing: ERM on batches with equal counts of every (class, spurious attribute) group."""
 from __future__ import annotations
 
-from typing import Optional
-
 from raybench.algorithms.base import SamplingPlan
 from raybench.algorithms.erm import ERM
 from raybench.algorithms.registry import register
@@ -18,5 +16,5 @@ class GroupBalanced(ERM):
 
     supported_tasks = frozenset({TaskKind.CLASSIFICATION})
 
-    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+    def sampling(self, train: Split) -> SamplingPlan | None:
         return SamplingPlan(balance_by=train.group)

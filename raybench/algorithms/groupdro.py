@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -66,10 +65,10 @@ class GroupDRO(Algorithm):
     def batch_groups(self, batch: Batch) -> Tensor:
         return batch.group
 
-    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+    def sampling(self, train: Split) -> SamplingPlan | None:
         return SamplingPlan(balance_by=self.train_groups(train)) if self.hparams.balanced else None
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         outputs = self.model(self.view(labeled.x, False))
         losses = F.cross_entropy(outputs, labeled.y, reduction="none")
         loss = group_dro_loss(losses, self.batch_groups(labeled).to(losses.device), self.group_weights, self.hparams.eta)

@@ -8,7 +8,7 @@ kept as extra state of the algorithm, so a resumed trial keeps them without re-i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,11 +22,11 @@ class ReferenceHparams(Hparams):
     """The reference ERM model: T_r epochs (None: the dataset's default) at the dataset's optimiser settings,
     unless `reference_lr` / `reference_weight_decay` say otherwise."""
 
-    reference_epochs: Optional[int] = setting(1, allowed=AT_LEAST_ONE, suggest=Suggest.choice(1, 2, 5),
+    reference_epochs: int | None = setting(1, allowed=AT_LEAST_ONE, suggest=Suggest.choice(1, 2, 5),
                                               help="T_r, the reference ERM model's epochs; none: the dataset's")
-    reference_lr: Optional[float] = setting(None, allowed=POSITIVE, help="the reference model's lr; none: the "
+    reference_lr: float | None = setting(None, allowed=POSITIVE, help="the reference model's lr; none: the "
                                                                          "dataset's")
-    reference_weight_decay: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="the reference model's weight "
+    reference_weight_decay: float | None = setting(None, allowed=NON_NEGATIVE, help="the reference model's weight "
                                                                                        "decay; none: the dataset's")
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -17,12 +16,12 @@ from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Suggest, set
 
 @dataclass
 class JTTHparams(ReferenceHparams):
-    reference_epochs: Optional[int] = setting(2, allowed=AT_LEAST_ONE, suggest=Suggest.choice(1, 2, 5, 10),
+    reference_epochs: int | None = setting(2, allowed=AT_LEAST_ONE, suggest=Suggest.choice(1, 2, 5, 10),
                                               help="T_r, the reference ERM model's epochs (SpuCo App. C: 2 at "
                                                    "large magnitude); none: the dataset's")
-    reference_lr: Optional[float] = setting(None, allowed=POSITIVE, help="the reference model's lr; none: this "
+    reference_lr: float | None = setting(None, allowed=POSITIVE, help="the reference model's lr; none: this "
                                                                          "run's own (SpuCo shares it)")
-    reference_weight_decay: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="the reference model's weight "
+    reference_weight_decay: float | None = setting(None, allowed=NON_NEGATIVE, help="the reference model's weight "
                                                                                        "decay; none: this run's own")
     upsample: int = setting(800, allowed=AT_LEAST_ONE, suggest=Suggest.choice(20, 100, 800),
                             help="S_r: how many times each error-set example appears (SpuCo App. C: 800)")
@@ -80,6 +79,6 @@ class JTT(ERM):
                              {"reference": reference.key})
         return {"reference_model": reference.key, "error_set_size": str(int(self.errors.sum()))}
 
-    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+    def sampling(self, train: Split) -> SamplingPlan | None:
         indices = upsampled_indices(self.errors, self.hparams.upsample)
         return SamplingPlan(indices=indices, epoch_examples=len(indices))

@@ -1,8 +1,6 @@
 """DABS's linear evaluation: a fresh linear layer trained on a frozen featurizer's features."""
 from __future__ import annotations
 
-from typing import Optional
-
 from raybench.algorithms.base import RoundContext, StepOutput
 from raybench.algorithms.frozen import FrozenFeaturizer, FrozenHparams
 from raybench.algorithms.registry import register
@@ -26,6 +24,6 @@ class LinearEval(FrozenFeaturizer):
     def begin_round(self, context: RoundContext) -> dict[str, str]:
         return self.take_featurizer(context)
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         loss = self.supervised_loss(self.model.head(self.features(labeled.x)), labeled.y)
         return StepOutput(loss, {"loss/supervised": loss.detach()})

@@ -1,15 +1,14 @@
 """Continued masked-LM pre-training of the text model on unlabeled target text, then ERM fine-tuning (WILDS 2.0)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from torch import Tensor, nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, RoundContext, StepOutput
-from raybench.algorithms.pretext import (
-    PretrainHparams, PretrainThenTransfer, pretrain_stage, transfer_featurizer,
-)
+from raybench.algorithms.pretext import PretrainHparams, PretrainThenTransfer, pretrain_stage, transfer_featurizer
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
@@ -25,7 +24,7 @@ class MLMHparams(PretrainHparams):
 
     pretrain_lr: float = setting(1e-4, allowed=POSITIVE, per_dataset=True, help="the masked-LM pre-training lr")
     pretrain_batch_size: int = setting(32, allowed=AT_LEAST_ONE, per_dataset=True, help="the pre-training batch")
-    pretrain_steps: Optional[int] = setting(20, allowed=AT_LEAST_ONE, per_dataset=True,
+    pretrain_steps: int | None = setting(20, allowed=AT_LEAST_ONE, per_dataset=True,
                                             help="batches per pre-training epoch (WILDS: 1,000 optimiser steps)")
     pretrain_grad_accum: int = setting(1, allowed=AT_LEAST_ONE, per_dataset=True,
                                        help="WILDS: 8,192 sequences per step (civilcomments 32 x 256, amazon 16 x 512)")
@@ -92,12 +91,12 @@ class MaskedLM(PretrainThenTransfer, Algorithm):
             self.collator = masking_collator(model.featurizer.tokenizer, hparams.mlm_probability)
 
     @classmethod
-    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> Optional[str]:
+    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> str | None:
         if "text" not in capabilities:
             return "masked-LM pre-training needs raw text and a BERT-family text model (civilcomments, amazon, text-shift)"
         return super().inapplicable_reason(hparams, task, capabilities)
 
-    def objective(self, labeled: Optional[Batch], unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch | None, unlabeled: Batch | None, step: int) -> StepOutput:
         if self.hparams.phase == "pretext":
             assert unlabeled is not None, "the masked-LM pretext phase trains on unlabeled batches"
             featurizer = self.model.featurizer

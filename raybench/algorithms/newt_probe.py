@@ -1,8 +1,9 @@
 """NeWT's probe: a linear SVM on frozen features, its C chosen by 3-fold cross-validation on train."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -167,7 +168,7 @@ class NeWTProbe(FrozenFeaturizer):
         return {**facts, "best_c": f"{probe.best_c:g}", "cv_accuracy": f"{probe.best_accuracy:.4f}",
                 "cv_accuracy_by_c": str(scores)}
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         """The probe's loss on a batch, for reporting only: nothing here takes a gradient (the trainer does
         not call it, since the probe is fit in closed form)."""
         with torch.no_grad():

@@ -2,18 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext, StepOutput
-from raybench.algorithms.registry import register
 from raybench.algorithms.pseudo_targets import hard_targets
+from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind, concat_inputs, move_to
 from raybench.models.base import FeaturizerHead
 from raybench.settings import AT_LEAST_ONE, PROBABILITY, setting
-
 
 TEACHER_STAGE = "teacher"
 
@@ -22,9 +21,9 @@ TEACHER_STAGE = "teacher"
 class NoisyStudentHparams(Hparams):
     dropout: float = setting(0.5, allowed=PROBABILITY, help="the student's dropout before its head")
     iterations: int = setting(2, allowed=AT_LEAST_ONE, help="teacher-student rounds")
-    teacher_checkpoint: Optional[str] = setting(None, help="none: the dataset's ERM(+augmentation) model, a cached "
+    teacher_checkpoint: str | None = setting(None, help="none: the dataset's ERM(+augmentation) model, a cached "
                                                            "stage")
-    teacher_epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="that teacher's epochs; none: the "
+    teacher_epochs: int | None = setting(None, allowed=AT_LEAST_ONE, help="that teacher's epochs; none: the "
                                                                              "dataset's ERM epochs (the paper's "
                                                                              "budget)")
     augment: bool = setting(True, per_dataset=True, help="strong augmentation of the student's inputs; off where a "
@@ -124,7 +123,7 @@ class NoisyStudent(Algorithm):
         score = stage.metrics.get(metric, float("nan"))
         return stage.model, f"{kind} teacher {how} (stage {stage.key}, best {metric}={score:.4f})"
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         assert unlabeled is not None, "Noisy Student needs an unlabeled batch"
         labeled_x = self.view(labeled.x, self.hparams.augment)
         unlabeled_x = self.view(unlabeled.x, self.hparams.augment)

@@ -11,7 +11,7 @@ too); `pretrain_seed=None` pre-trains once per replicate seed instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from raybench.algorithms.base import Hparams, RoundContext, StageModel
 from raybench.models.base import FeaturizerHead
@@ -32,12 +32,12 @@ class PretrainHparams(Hparams):
     pretrain_batch_size: int = setting(64, allowed=AT_LEAST_ONE, per_dataset=True, help="the pre-training batch")
     pretrain_lr: float = setting(0.075, allowed=POSITIVE, per_dataset=True,
                                  help="the pre-training lr (SwAV: 4.8 x batch / 4096)")
-    pretrain_steps: Optional[int] = setting(None, allowed=AT_LEAST_ONE,
+    pretrain_steps: int | None = setting(None, allowed=AT_LEAST_ONE,
                                             help="at most this many steps per pre-training epoch; none: the whole "
                                                  "split")
-    pretrain_seed: Optional[int] = setting(0, allowed=SEED, help="fixed: replicates share one pre-training; none: one per "
+    pretrain_seed: int | None = setting(0, allowed=SEED, help="fixed: replicates share one pre-training; none: one per "
                                                    "replicate seed")
-    pretrain_from: Optional[str] = setting(None, help="starting weights: none = the model's own (random for CNNs), "
+    pretrain_from: str | None = setting(None, help="starting weights: none = the model's own (random for CNNs), "
                                                       "or a local file")
 
 

@@ -10,7 +10,8 @@ Noisy Student takes hard targets with no threshold beyond detection's 0.5; Pseud
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -1,8 +1,8 @@
 """Pseudo-Label: confident predictions on unlabeled data become training labels."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -49,7 +49,7 @@ class PseudoLabel(Algorithm):
         ramp_steps = self.hparams.ramp_fraction * self.context.total_steps
         return self.hparams.penalty * (min(1.0, step / ramp_steps) if ramp_steps > 0 else 1.0)
 
-    def objective(self, labeled: Batch, unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         assert unlabeled is not None, "Pseudo-Label needs an unlabeled batch"
         supervised, unsupervised, kept = self._losses[self.context.task.kind](labeled, unlabeled)
         weight = self.unlabeled_weight(step)

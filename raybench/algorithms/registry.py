@@ -1,7 +1,7 @@
 """The algorithm registry: `@ALGORITHMS.register("name")` on an `Algorithm` subclass."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from raybench.algorithms.base import Algorithm
 from raybench.registry import Registry

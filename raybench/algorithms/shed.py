@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,7 @@ def shuffle_count(length: int, fraction: float) -> int:
     return min(length, max(2, math.ceil(fraction * length)))
 
 
-def shuffle_sources(padding: Tensor, fraction: float, generator: Optional[torch.Generator] = None) -> Tensor:
+def shuffle_sources(padding: Tensor, fraction: float, generator: torch.Generator | None = None) -> Tensor:
     """For each example and position, the position whose embedding lands there (B, L).
 
     Per example, k random real (non-padding) positions p_1..p_k take the embeddings of p_k, p_1, ..., p_(k-1):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -84,5 +83,5 @@ class Spare(ERM):
                              {"reference": reference.key, "cluster_sizes": str(sizes.tolist())})
         return {"reference_model": reference.key}
 
-    def sampling(self, train: Split) -> Optional[SamplingPlan]:
+    def sampling(self, train: Split) -> SamplingPlan | None:
         return SamplingPlan(weights=cluster_weights(self.clusters, self.hparams.sampling_power))

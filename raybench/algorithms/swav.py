@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, RoundContext, StepOutput
-from raybench.algorithms.pretext import (
-    PretrainHparams, PretrainThenTransfer, pretrain_stage, transfer_featurizer,
-)
+from raybench.algorithms.pretext import PretrainHparams, PretrainThenTransfer, pretrain_stage, transfer_featurizer
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
@@ -51,7 +49,7 @@ class SwAVHparams(PretrainHparams):
 
 
 def random_resized_crops(x: Tensor, n: int, size: int, scale: tuple[float, float], out_size: int,
-                         generator: Optional[torch.Generator] = None) -> list[Tensor]:
+                         generator: torch.Generator | None = None) -> list[Tensor]:
     """`n` per-example random crops of area fraction U(scale) and aspect 3/4..4/3, rendered at `size` px and
     brought to `out_size` px (a fixed-input featurizer such as LeNet needs every crop at its input size; the
     low-resolution crops still only hold `size` px of information)."""
@@ -78,7 +76,7 @@ def colour_views(x: Tensor) -> Tensor:
     Gaussian blur is left out: at 16 px it erases the digit."""
     b, shape = x.shape[0], (x.shape[0], 1, 1, 1)
     x = torch.where((torch.rand(b, device=x.device) < 0.5).view(shape), x.flip(-1), x)
-    factor = lambda: 1 + (torch.rand(shape, device=x.device) * 2 - 1) * 0.8  # noqa: E731
+    factor = lambda: 1 + (torch.rand(shape, device=x.device) * 2 - 1) * 0.8
     spread = x.std((1, 2, 3), keepdim=True)
     jittered = x + (factor() - 1) * spread  # brightness, as a shift of about one standard deviation
     mean = jittered.mean((1, 2, 3), keepdim=True)
@@ -122,13 +120,13 @@ class SwAV(PretrainThenTransfer, Algorithm):
                                       sinkhorn_epsilon=hparams.sinkhorn_epsilon)
 
     @classmethod
-    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> Optional[str]:
+    def inapplicable_reason(cls, hparams: Hparams, task: TaskKind, capabilities: frozenset[str]) -> str | None:
         if "strong_augmentation" not in capabilities:  # images are the datasets with image views
             return ("SwAV's multi-crop views need images (WILDS 2.0 pre-trained it on iwildcam, camelyon17, fmow "
                     "and poverty only; not on detection, graphs or text)")
         return super().inapplicable_reason(hparams, task, capabilities)
 
-    def objective(self, labeled: Optional[Batch], unlabeled: Optional[Batch], step: int) -> StepOutput:
+    def objective(self, labeled: Batch | None, unlabeled: Batch | None, step: int) -> StepOutput:
         if self.hparams.phase == "pretext":
             assert unlabeled is not None, "SwAV's pretext phase trains on unlabeled batches"
             return self.pretext_objective(unlabeled.x, step)

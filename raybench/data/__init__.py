@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from raybench.data.base import (
     EVAL_SPLITS,
@@ -21,7 +21,7 @@ from raybench.data.base import (
     TrainDefaults,
     Views,
 )
-from raybench.registry import Registry
+from raybench.registry import Registry, import_every_module
 
 DatasetBuilder = Callable[[Path, int], ShiftDataset]
 DATASETS: Registry[DatasetBuilder] = Registry("dataset")
@@ -32,17 +32,14 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("RAYBENCH_DATA_DIR", Path.home() / ".cache" / "raybench")).expanduser()
 
 
-def load_dataset(name: str, data_dir: Optional[Path] = None, seed: int = 0) -> ShiftDataset:
+def load_dataset(name: str, data_dir: Path | None = None, seed: int = 0) -> ShiftDataset:
     builder = DATASETS.get(name)
     return builder(Path(data_dir) if data_dir else default_data_dir(), seed)
 
 
-# Importing the modules registers their datasets.
-from raybench.data import digits_shift  # noqa: E402,F401
-from raybench.data import spuco  # noqa: E402,F401
-from raybench.data import spoken_digits  # noqa: E402,F401
-from raybench.data import text_shift  # noqa: E402,F401
-from raybench.data.wilds import adapter as _wilds  # noqa: E402
+import_every_module(__name__, __path__)  # each dataset module registers itself: no list to keep
+
+from raybench.data.wilds import adapter as _wilds
 
 _wilds.register_all()
 

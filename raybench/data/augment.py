@@ -7,8 +7,9 @@ RandAugment is torchvision's; it draws one op set per call, so it is applied per
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

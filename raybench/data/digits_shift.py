@@ -47,9 +47,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -60,7 +60,6 @@ from raybench.data import DATASETS
 from raybench.data.augment import ImageViews
 from raybench.data.base import LABELED_SPLITS, ShiftDataset, Task, TaskKind, TrainDefaults, domain_split
 from raybench.data.cache import load_npz_or_rebuild
-from raybench.data.cache import save_npz_atomically as save_atomically  # noqa: F401 (spuco imports it from here)
 from raybench.metrics import accuracy, macro_f1
 
 FORMAT_VERSION = 1
@@ -87,7 +86,7 @@ class Style:
 
     name: str
     background: str  # key of BACKGROUNDS
-    palette: Optional[tuple[RGB, RGB]] = None  # (background, foreground)
+    palette: tuple[RGB, RGB] | None = None  # (background, foreground)
     variation: float = 0.0  # how far the background pattern strays from its base colour
     blend: str = "over"  # "over": fg painted over bg; "absdiff": MNIST-M's |background - digit|
     colour_jitter: float = 0.08

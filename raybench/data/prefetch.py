@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -42,9 +43,9 @@ class Prefetcher(Generic[K, T]):
         self.wait_s = 0.0
         self._pending: deque[Future[T]] = deque()
         self._keys_left = True
-        self._pool: Optional[ThreadPoolExecutor] = ThreadPoolExecutor(1, thread_name_prefix=name) if depth else None
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix=name) if depth else None
 
-    def __iter__(self) -> "Prefetcher[K, T]":
+    def __iter__(self) -> Prefetcher[K, T]:
         return self
 
     def __next__(self) -> T:
@@ -85,10 +86,10 @@ class Prefetcher(Generic[K, T]):
             self._pool = None
             self._keys_left = False
 
-    def __enter__(self) -> "Prefetcher[K, T]":
+    def __enter__(self) -> Prefetcher[K, T]:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -56,11 +56,12 @@ import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,7 +69,14 @@ from torch import Tensor
 
 from raybench.data import DATASETS
 from raybench.data.base import (
-    LABELED_SPLITS, MissingSourceError, ShiftDataset, Task, TaskKind, TrainDefaults, Views, domain_split,
+    LABELED_SPLITS,
+    MissingSourceError,
+    ShiftDataset,
+    Task,
+    TaskKind,
+    TrainDefaults,
+    Views,
+    domain_split,
 )
 from raybench.data.cache import load_npz_or_rebuild
 from raybench.metrics import accuracy, macro_f1
@@ -167,7 +175,7 @@ class Utterance:
 # ---------------------------------------------------------------- espeak-ng
 
 
-def espeak_binary(binary: Optional[str] = None) -> str:
+def espeak_binary(binary: str | None = None) -> str:
     """The espeak-ng executable: `binary`, else `$RAYBENCH_ESPEAK_NG`, else `espeak-ng` on PATH; one line if absent."""
     name = binary or os.environ.get(ESPEAK_ENV) or ESPEAK_PACKAGE
     found = shutil.which(name)
@@ -186,7 +194,7 @@ def parse_wav(data: bytes) -> np.ndarray:
     if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         raise SynthesisError("not a WAV file")
     at = 12
-    fmt: Optional[tuple[int, ...]] = None
+    fmt: tuple[int, ...] | None = None
     while at + 8 <= len(data):
         chunk, size = data[at:at + 4], struct.unpack("<I", data[at + 4:at + 8])[0]
         if chunk == b"fmt ":
@@ -259,7 +267,7 @@ def mel_to_hz(mel: Tensor) -> Tensor:
     return 700.0 * (10 ** (mel / 2595.0) - 1.0)
 
 
-@lru_cache(maxsize=None)
+@cache
 def mel_filterbank() -> Tensor:
     """(N_BANDS, N_FFT // 2 + 1) triangular filters evenly spaced in mel between F_MIN and F_MAX (HTK's mel scale)."""
     edges = mel_to_hz(torch.linspace(float(hz_to_mel(torch.tensor(F_MIN))), float(hz_to_mel(torch.tensor(F_MAX))),
@@ -326,7 +334,7 @@ def render(utterances: Sequence[Utterance], waves: Sequence[np.ndarray], seed: i
     return log_mel(torch.from_numpy(np.stack(windows))).numpy()
 
 
-def generate(seed: int, plan: Plan = SPLIT_PLAN, binary: Optional[str] = None,
+def generate(seed: int, plan: Plan = SPLIT_PLAN, binary: str | None = None,
              workers: int = WORKERS) -> dict[str, np.ndarray]:
     """All splits of `plan` as flat arrays `<split>.x` (uint8 spectrograms), `.domain`, `.pitch`, `.speed` and,
     when labeled, `.y`; pitch and speed identify an utterance (with its domain and digit)."""
@@ -380,7 +388,7 @@ def cache_path(data_dir: Path, seed: int, plan: Plan = SPLIT_PLAN) -> Path:
 
 
 def load_or_generate(path: Path, seed: int, plan: Plan = SPLIT_PLAN,
-                     binary: Optional[str] = None) -> dict[str, np.ndarray]:
+                     binary: str | None = None) -> dict[str, np.ndarray]:
     """The cached arrays at `path`; a missing, truncated or mis-shaped cache is (re)generated and saved."""
     shapes, dtypes = expected_layout(plan)
     return load_npz_or_rebuild(path, shapes, lambda: generate(seed, plan, binary), dtypes=dtypes)
@@ -454,7 +462,7 @@ def macro_f1_metric(outputs: Tensor, y: Tensor, group: Tensor) -> float:
 
 
 def load_spoken_digits(data_dir: Path, seed: int, plan: Plan = SPLIT_PLAN,
-                       binary: Optional[str] = None) -> ShiftDataset:
+                       binary: str | None = None) -> ShiftDataset:
     """The dataset from its cache under `data_dir`, synthesised with espeak-ng if needed (`plan`: smaller builds)."""
     arrays = load_or_generate(cache_path(data_dir, seed, plan), seed, plan, binary)
     splits = {name: domain_split(name, arrays) for name in plan}

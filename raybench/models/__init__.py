@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from raybench.models.base import FeaturizerHead, load_local_weights
 from raybench.models.registry import MODELS, ModelSpec
+from raybench.registry import import_every_module
 
-from raybench.models import lenet, lenet5, torchvision_models  # noqa: E402,F401  (registers the builders)
-from raybench.models import gin  # noqa: E402,F401
-from raybench.models import text  # noqa: E402,F401
-from raybench.models import detection  # noqa: E402,F401
-from raybench.models import dabs  # noqa: E402,F401
+import_every_module(__name__, __path__)  # each module registers itself: no list to keep
 
 
 def build_model(name: str, spec: ModelSpec) -> FeaturizerHead:

@@ -6,8 +6,9 @@ before the head, and DFR-style methods retrain only the head.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 class FeaturizerHead(nn.Module):
     """`featurizer` maps inputs to `n_features`-dim vectors; `head` maps those to outputs."""
 
-    def __init__(self, featurizer: nn.Module, n_features: int, n_outputs: int, head: Optional[nn.Module] = None) -> None:
+    def __init__(self, featurizer: nn.Module, n_features: int, n_outputs: int, head: nn.Module | None = None) -> None:
         super().__init__()
         self.featurizer = featurizer
         self.n_features = n_features
@@ -51,7 +52,7 @@ def read_weights_only(path: Path, what: str) -> Any:
         raise FileNotFoundError(f"{what} {str(path)!r} does not exist (or is not a file)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch reports a truncated or foreign file as RuntimeError, KeyError, EOFError...
+    except Exception as err:  # noqa: BLE001  torch reports a truncated or foreign file as RuntimeError, KeyError, EOFError...
         reason = _weights_only_reason(err)
         if isinstance(err, pickle.UnpicklingError) and "global" in reason.lower():  # names objects to build: code
             raise UnreadableWeightsError(f"{what} {str(path)!r} was refused: it holds pickled Python objects, not "
@@ -78,7 +79,7 @@ def read_state_dict(path: Path, what: str) -> dict[str, Tensor]:
     return dict(state)
 
 
-def load_local_weights(module: nn.Module, path: Optional[Path], resizable: tuple[str, ...] = (),
+def load_local_weights(module: nn.Module, path: Path | None, resizable: tuple[str, ...] = (),
                        expected: str = "") -> None:
     """Load a state dict saved with torch.save from a local file; raybench never downloads weights.
 

@@ -29,8 +29,9 @@ every other model. transformers is imported only when a text model is built.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn

@@ -20,7 +20,8 @@ losses, which raybench does not run on detection.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -97,7 +98,7 @@ class Detector(FeaturizerHead):
         return self.rcnn(list(images))
 
     def fit_loss(self, images: Sequence[Tensor], targets: Sequence[dict[str, Tensor]],  # type: ignore[override]
-                 criterion: Optional[Callable[..., Tensor]] = None) -> Tensor:
+                 criterion: Callable[..., Tensor] | None = None) -> Tensor:
         """The sum of torchvision's four training losses; `criterion` is unused (the losses are the model's).
 
         Targets: one dict per image with `boxes` float [N, 4] (xyxy pixels) and `labels` int64 [N] in

@@ -1,9 +1,9 @@
 """The model registry: builders take a `ModelSpec` and return a `FeaturizerHead`."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from raybench.models.base import FeaturizerHead
 from raybench.registry import Registry
@@ -13,7 +13,7 @@ from raybench.registry import Registry
 class ModelSpec:
     input_shape: tuple[int, ...]
     n_outputs: int
-    weights: Optional[Path] = None
+    weights: Path | None = None
     # "spectrogram": a (bands, frames) input is a time-frequency image (ShiftDataset.input_layout)
     layout: str = ""
 

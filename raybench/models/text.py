@@ -14,8 +14,9 @@ transformers is imported when a model is built, not when raybench.models is impo
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -26,7 +27,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.ind
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 
 
-def check_model_folder(weights: Optional[Path], model: str) -> Path:
+def check_model_folder(weights: Path | None, model: str) -> Path:
     """The local transformers folder, or a ValueError saying what to pass."""
     wanted = (f"model {model!r} needs model_weights=<folder with config.json, weights "
               f"({' or '.join(WEIGHT_FILES[:2])}) and tokenizer files>, e.g. distilbert-base-uncased "

@@ -7,7 +7,7 @@ Weights are never downloaded: pass `weights=PATH` to a state dict saved with `to
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 

@@ -31,7 +31,7 @@ class AtomicOutput:
     def __init__(self, path: str) -> None:
         self.path = path
         self.tmp = str(Path(path).with_name(f".{Path(path).name}.{uuid.uuid4().hex[:8]}.partial"))
-        self.file = open(self.tmp, "wb")
+        self.file = open(self.tmp, "wb")  # noqa: SIM115  (this object is the context manager; it closes the file)
         self.failed = False
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -24,7 +24,7 @@ class DrawnTrial:
     order: int  # 1-based, the order the sweep's searcher hands the configs out
     sampled: dict[str, Any]
     derived: dict[str, Any]
-    repeat_of: Optional[int] = None  # a grid ran out: the sweep replays that trial's record, it trains nothing new
+    repeat_of: int | None = None  # a grid ran out: the sweep replays that trial's record, it trains nothing new
 
 
 def draw(resolved: ResolvedSpace, count: int, seed: int) -> list[DrawnTrial]:
@@ -64,7 +64,7 @@ def _short(value: Any) -> Any:
     return float(f"{value:.4g}") if isinstance(value, float) else value
 
 
-def describe(space: SearchSpace, resolved: ResolvedSpace, dataset: Optional[ShiftDataset] = None) -> str:
+def describe(space: SearchSpace, resolved: ResolvedSpace, dataset: ShiftDataset | None = None) -> str:
     """The space after the dataset's overrides and the derived rules, every distribution with its bounds, and
     (given the dataset) the budget a trial gets at each unlabeled ratio, before anything runs."""
     lines = [f"space {space.path}: {space.algorithm} on {resolved.dataset}"]
@@ -74,8 +74,8 @@ def describe(space: SearchSpace, resolved: ResolvedSpace, dataset: Optional[Shif
                  f"dataset overrides: none for {resolved.dataset}")
     written = {**space.search, **(override or {}).get("search", {})}  # as the file says, after the dataset's part
     if any(written[name].distribution == "lr" for name in resolved.search):
-        lines += ["", f"lr centre r = {resolved.lr_center:.4g} (the dataset's lr scaled to this space's batch size x "
-                      f"gradient accumulation, WILDS 2.0 App. D)"]
+        lines += ["", (f"lr centre r = {resolved.lr_center:.4g} (the dataset's lr scaled to this space's batch size x "
+                      f"gradient accumulation, WILDS 2.0 App. D)")]
     lines += ["", "searched:"]
     lines += [f"  {name:22s} {_param_text(written.get(name), param)}" for name, param in resolved.search.items()]
     lines += ["  (nothing: one config, run once)"] if not resolved.search else []

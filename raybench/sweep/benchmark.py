@@ -22,9 +22,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, IO, Optional, Sequence
+from typing import IO, Any
 
 from raybench.paths import inside, writable_dir_problem
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
@@ -45,9 +46,9 @@ class BenchmarkInterrupted(Exception):
 class BenchmarkOptions:
     storage: Path
     tracking_uri: str
-    address: Optional[str] = None  # None: a private local Ray, shared by every pair
+    address: str | None = None  # None: a private local Ray, shared by every pair
     resume: bool = False
-    resume_command: Optional[str] = None
+    resume_command: str | None = None
     progress_every_s: float = 30.0
     force: bool = False  # with resume: go on under a benchmark file that changed since the benchmark started
 
@@ -62,7 +63,7 @@ class PairRecord:
     status: str = "waiting"  # waiting, running, finished, failed, interrupted
     reason: str = ""
     attempts: int = 0
-    exit_code: Optional[int] = None
+    exit_code: int | None = None
     seconds: float = 0.0
 
 
@@ -74,7 +75,7 @@ class Outcome:
     records: list[PairRecord]
     refused: list[Refused]
     wall_seconds: float
-    compare_dir: Optional[Path] = None
+    compare_dir: Path | None = None
     mlflow: dict[str, str] = field(default_factory=dict)
 
     def count(self, status: str) -> int:
@@ -100,7 +101,7 @@ class DamagedSummary(ValueError):
     (which writes the file anew) while the other pairs go on."""
 
 
-def sweep_summary(storage: Path, pair: Pair) -> Optional[dict[str, Any]]:
+def sweep_summary(storage: Path, pair: Pair) -> dict[str, Any] | None:
     """The pair's sweep's results; None before it wrote them; a DamagedSummary naming a file no reader can use."""
     from raybench.tracking import summary_damage
 
@@ -117,7 +118,7 @@ def sweep_summary(storage: Path, pair: Pair) -> Optional[dict[str, Any]]:
     return summary
 
 
-def summary_status(storage: Path, pair: Pair) -> tuple[Optional[tuple[str, str]], str]:
+def summary_status(storage: Path, pair: Pair) -> tuple[tuple[str, str] | None, str]:
     """(finished_status of the pair's summary, "") or, for a damaged summary, (None, why it is damaged)."""
     try:
         return finished_status(sweep_summary(storage, pair)), ""
@@ -130,7 +131,7 @@ def one_line(text: str, length: int = 200) -> str:
     return line if len(line) <= length else line[:length] + "..."
 
 
-def finished_status(summary: Optional[dict[str, Any]]) -> Optional[tuple[str, str]]:
+def finished_status(summary: dict[str, Any] | None) -> tuple[str, str] | None:
     """(status, reason) of a pair whose sweep wrote final results; None while it has not."""
     if summary is None or summary.get("state") != "finished":
         return None
@@ -153,7 +154,7 @@ class SavedState:
     written before grids were recorded); `damage` says why the file could not be read (then both are empty)."""
 
     pairs: dict[str, Any]
-    grid: Optional[dict[str, Any]]
+    grid: dict[str, Any] | None
     damage: str = ""
 
 
@@ -215,7 +216,7 @@ def grid_fingerprint(grid: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(grid, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def grid_change(saved: dict[str, Any], current: dict[str, Any], shown: int = 4) -> Optional[str]:
+def grid_change(saved: dict[str, Any], current: dict[str, Any], shown: int = 4) -> str | None:
     """The differences between the grid a benchmark started with and the file's now, in words; None if none."""
     changes = [f"{key} {saved.get(key)!r} -> {current[key]!r}" for key in ("selection", "seed", "executor", "smoke")
                if saved.get(key) != current[key]]
@@ -267,8 +268,8 @@ def check_storage(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
 def _resume_notes(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
     saved = read_state(bench_dir(options.storage, benchmark) / STATE_FILE)
     if saved.damage:
-        return [f"warning: {saved.damage}; the file the benchmark started with is unknown, and each pair's own "
-                f"results say whether it finished"]
+        return [(f"warning: {saved.damage}; the file the benchmark started with is unknown, and each pair's own "
+                f"results say whether it finished")]
     if saved.grid is None:  # recorded before grids were: nothing to compare with
         return []
     change = grid_change(saved.grid, json.loads(json.dumps(grid_record(benchmark))))
@@ -277,8 +278,8 @@ def _resume_notes(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
     if not options.force:
         raise OptionError(f"--resume: {benchmark.path} changed since benchmark {benchmark.name!r} started ({change}); "
                           f"resume with the file it started with, or pass --force to go on under this one")
-    return [f"warning: {benchmark.path} changed since the benchmark started ({change}); going on under it (--force): "
-            f"finished pairs are kept as they are"]
+    return [(f"warning: {benchmark.path} changed since the benchmark started ({change}); going on under it (--force): "
+            f"finished pairs are kept as they are")]
 
 
 # ----- one pair's sweep process -------------------------------------------------------------------------
@@ -322,11 +323,11 @@ def launch(pair: Pair, command: list[str], log_path: Path) -> Running:
     """Start the sweep in its own process group: a terminal's Ctrl-C reaches the benchmark alone, which then
     stops each sweep with exactly one SIGTERM (a sweep stopped twice would skip its last checkpoint)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "a", encoding="utf-8")
+    log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115  (Running owns it: closed when the sweep ends)
     log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[3:])}\n")
     log.flush()
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                               process_group=0, preexec_fn=_parent_death_signal())
+                               process_group=0, preexec_fn=_parent_death_signal())  # noqa: PLW1509  one prctl call, no locks
     return Running(pair, process, time.time(), log)
 
 
@@ -427,7 +428,7 @@ class PairRunner:
         self.benchmark, self.options, self.records, self.target = benchmark, options, records, target
         self.state_path, self.say = state_path, say
         self.folder = bench_dir(options.storage, benchmark)
-        self.ended: "queue.Queue[Running]" = queue.Queue()
+        self.ended: queue.Queue[Running] = queue.Queue()
         self.running: list[Running] = []
 
     def run(self) -> None:
@@ -504,7 +505,7 @@ def _record_end(job: Running, record: PairRecord, storage: Path, directory: Path
         record.status, record.reason = "failed", damage or exit_reason(code, directory / "logs" / f"{job.pair.sweep}.log")
 
 
-def _stop(running: list[Running], ended: "queue.Queue[Running]", records: dict[str, PairRecord], storage: Path,
+def _stop(running: list[Running], ended: queue.Queue[Running], records: dict[str, PairRecord], storage: Path,
           directory: Path) -> None:
     """One SIGTERM to each running sweep, then wait (bounded) for each to record where it stood."""
     for job in running:
@@ -538,7 +539,7 @@ def _summary_markdown(benchmark: Benchmark, records: dict[str, PairRecord]) -> s
     return "\n".join(lines)
 
 
-def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: Any) -> Optional[Path]:
+def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: Any) -> Path | None:
     """`raybench compare` over this benchmark's sweeps, in every format and with its figures, on the parent run."""
     from raybench.sweep import compare, plots
     from raybench.tracking import find_sweeps
@@ -563,18 +564,18 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
     """What the benchmark would run, without running it (`raybench benchmark FILE --plan`); each pair that could
     not be bound to its dataset here (`bind_pairs`) says so."""
     unchecked = {b.pair.sweep: b.unchecked for b in bindings if b.unchecked}
-    lines = [f"benchmark {benchmark.name} ({benchmark.path}): {len(benchmark.pairs)} sweeps, at most "
+    lines = [(f"benchmark {benchmark.name} ({benchmark.path}): {len(benchmark.pairs)} sweeps, at most "
              f"{benchmark.max_concurrent_trials} trials at once ({benchmark.sweeps_at_once} sweeps x "
              f"{benchmark.trials_per_sweep} trials), selection {benchmark.selection}, executor {benchmark.executor}"
-             f"{', smoke' if benchmark.smoke else ''}", ""]
+             f"{', smoke' if benchmark.smoke else ''}"), ""]
     for pair in benchmark.pairs:
         replicates = "the dataset's replicates" if pair.replicates is None else f"{pair.replicates} replicates"
         fixed = f"; set {', '.join(f'{k}={_cli_value(v)}' for k, v in pair.fixed.items())}" if pair.fixed else ""
         note = "; not checked here (see below)" if pair.sweep in unchecked else ""
         lines.append(f"  {pair.label:34s} sweep {pair.sweep}: {pair.trials} trials, {replicates}{fixed}{note}")
     if unchecked:
-        lines += ["", "not bound to their datasets here: their files are not on this machine (each sweep checks its "
-                      "pair before its own cluster work):"]
+        lines += ["", ("not bound to their datasets here: their files are not on this machine (each sweep checks its "
+                      "pair before its own cluster work):")]
         lines += [f"  {reason}" for reason in dict.fromkeys(unchecked.values())]
     if benchmark.refused:
         lines += ["", "not run:"] + [f"  {r.method} on {r.dataset}: {r.reason}" for r in benchmark.refused]
@@ -582,8 +583,8 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
 
 
 def outcome_text(outcome: Outcome) -> str:
-    lines = [f"benchmark {outcome.name}: {outcome.count('finished')} of {len(outcome.records)} pairs finished, "
-             f"{outcome.count('failed')} failed, {len(outcome.refused)} not run, in {duration(outcome.wall_seconds)}"]
+    lines = [(f"benchmark {outcome.name}: {outcome.count('finished')} of {len(outcome.records)} pairs finished, "
+             f"{outcome.count('failed')} failed, {len(outcome.refused)} not run, in {duration(outcome.wall_seconds)}")]
     lines += [f"  FAILED {r.method} on {r.dataset} (sweep {r.sweep}): {r.reason}" for r in outcome.records
               if r.status == "failed"]
     if outcome.compare_dir is not None:

@@ -26,8 +26,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
-
+from typing import Any
 
 from raybench.data import DATASETS
 from raybench.paths import NAME_RULE, name_problem, safe_name
@@ -51,7 +50,7 @@ MAX_CONCURRENT = 100_000
 class BenchmarkError(ValueError):
     """A malformed benchmark file: one line naming file, key, value and what was expected."""
 
-    def __init__(self, path: Union[str, Path], key: str, value: Any, expected: str) -> None:
+    def __init__(self, path: str | Path, key: str, value: Any, expected: str) -> None:
         super().__init__(f"{path}: {key}: expected {expected}, got {quoted(value)}")
 
 
@@ -66,7 +65,7 @@ class Pair:
     algorithm: str
     sweep: str  # the sweep's name: <benchmark>-<method>-<dataset>
     trials: int
-    replicates: Optional[int]  # None: the dataset's own count, as `raybench sweep`
+    replicates: int | None  # None: the dataset's own count, as `raybench sweep`
     fixed: dict[str, Any] = field(default_factory=dict)
     space_digest: str = ""  # sha256 of the space file as loaded: a resume tells an edited space from the same one
 
@@ -158,12 +157,12 @@ def parse_benchmark(data: Any, path: Path) -> Benchmark:
 
 
 def _no_unknown(data: dict, allowed: set[str], path: Path, prefix: str) -> None:
-    for key in data:
+    for key, value in data.items():
         if key not in allowed:
-            raise BenchmarkError(path, f"{prefix}{key}", data[key], f"one of the keys {', '.join(sorted(allowed))}")
+            raise BenchmarkError(path, f"{prefix}{key}", value, f"one of the keys {', '.join(sorted(allowed))}")
 
 
-def _count(data: dict, key: str, path: Path, where: str, minimum: int, default: Optional[int], maximum: int) -> Any:
+def _count(data: dict, key: str, path: Path, where: str, minimum: int, default: int | None, maximum: int) -> Any:
     """An integer in [minimum, maximum]; `replicates: 0` is refused by its minimum: a pair's row in the
     comparison is the mean over its replicates, so a pair without any would end "finished" with no numbers."""
     value = data.get(key, default)

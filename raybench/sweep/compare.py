@@ -13,14 +13,16 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import pandas as pd
 
 from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
-from raybench.sweep.results import BudgetSummary, fmt, split_labels
+from raybench.report_keys import BEST_PREFIX
+from raybench.sweep.results import OK, SELECTABLE, BudgetSummary, fmt, split_labels
 
 FORMATS = ("table", "csv", "json", "markdown", "latex")
 BEST, WITHIN = "best", "within one std"
@@ -61,13 +63,13 @@ class MethodRow:
     trials_ok: int
     replicates: int
     replicates_ok: int
-    cells: dict[str, Optional[Cell]]  # by Column.key
-    trial_seconds: Optional[float] = None  # compute, search + replicates; None when the sweep did not record it
-    cpu_seconds: Optional[float] = None
-    gpu_seconds: Optional[float] = None
+    cells: dict[str, Cell | None]  # by Column.key
+    trial_seconds: float | None = None  # compute, search + replicates; None when the sweep did not record it
+    cpu_seconds: float | None = None
+    gpu_seconds: float | None = None
     blind: str = ""  # the sweep's own finding that its selection could not see (results.blindness), else ""
     blind_everywhere: bool = False  # no finished trial's selection metric moved: the selection was by chance
-    budget: Optional[BudgetSummary] = None  # the replicates' mean planned budget; None when they recorded none
+    budget: BudgetSummary | None = None  # the replicates' mean planned budget; None when they recorded none
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,11 @@ class DatasetTable:
         found = []
         for row in budgets:
             if _off(row.budget.protocol_ratio, ratio):
-                found.append((row, f"{row.budget.protocol_ratio:.2f}x the steps the WILDS rule gives it "
-                                   f"({row.budget.steps:.0f} of {row.budget.protocol_steps:.0f})"))
+                found.append((row, (f"{row.budget.protocol_ratio:.2f}x the steps the WILDS rule gives it "
+                                   f"({row.budget.steps:.0f} of {row.budget.protocol_steps:.0f})")))
             elif _off(row.budget.erm_steps, erm_steps):
-                found.append((row, f"an ERM budget of {row.budget.erm_steps:.0f} steps, not the table's "
-                                   f"{erm_steps:.0f}"))
+                found.append((row, (f"an ERM budget of {row.budget.erm_steps:.0f} steps, not the table's "
+                                   f"{erm_steps:.0f}")))
         return found
 
     @property
@@ -126,7 +128,7 @@ class Comparison:
 
 # ----- building ----------------------------------------------------------------------------------
 def compare(summaries: Sequence[dict[str, Any]], unfinished: Sequence[UnfinishedSweep] = (),
-            selection: Optional[str] = None) -> Comparison:
+            selection: str | None = None) -> Comparison:
     """Summaries of sweeps (as `raybench results --format json` gives them) in the order the rows should take.
     Sweeps that did not finish, or finished without a replicate result, join `unfinished`."""
     by_dataset: dict[str, list[dict[str, Any]]] = {}
@@ -143,7 +145,7 @@ def compare(summaries: Sequence[dict[str, Any]], unfinished: Sequence[Unfinished
     return Comparison(tables, left)
 
 
-def from_records(records: Sequence[Any], selection: Optional[str] = None) -> Comparison:
+def from_records(records: Sequence[Any], selection: str | None = None) -> Comparison:
     """The comparison of sweeps read back from the store (raybench.tracking.SweepRecord), in their order;
     those that recorded no results yet are listed as unfinished with where they stand, and those whose
     recorded results are damaged with what is wrong."""
@@ -153,7 +155,7 @@ def from_records(records: Sequence[Any], selection: Optional[str] = None) -> Com
     return compare([r.summary for r in records if r.summary], unfinished, selection)
 
 
-def _not_comparable(summary: dict[str, Any]) -> Optional[str]:
+def _not_comparable(summary: dict[str, Any]) -> str | None:
     state = summary.get("tracking_state", summary.get("state", "finished"))
     if state != "finished" or summary.get("state", "finished") != "finished":
         return summary.get("state_line") or f"sweep {summary['name']}: {state}; its results are partial"
@@ -184,7 +186,7 @@ def _row(summary: dict[str, Any], columns: list[Column]) -> MethodRow:
     replicate_summary = summary["replicates"]["summary"]
     cells = {}
     for column in columns:
-        cell = replicate_summary.get(f"best/{column.key}")
+        cell = replicate_summary.get(f"{BEST_PREFIX}{column.key}")
         cells[column.key] = Cell(cell["mean"], _nan_if_none(cell["std"]), int(cell["n"])) if cell else None
     strategy = summary["selection"]["strategy"]
     compute = summary.get("compute") or {}
@@ -192,7 +194,7 @@ def _row(summary: dict[str, Any], columns: list[Column]) -> MethodRow:
         method=Path(summary.get("space") or summary["algorithm"]).stem, sweep=summary["name"],
         algorithm=summary["algorithm"], selection=strategy, selection_label=_selection_words(summary),
         analysis_only=_analysis_only(summary["selection"]),
-        trials=len(summary["trials"]), trials_ok=sum(t["status"] in ("ok", "stopped early") for t in summary["trials"]),
+        trials=len(summary["trials"]), trials_ok=sum(t["status"] in SELECTABLE for t in summary["trials"]),
         replicates=len(summary["replicates"]["seeds"]), replicates_ok=int(summary["replicates"]["ok"]), cells=cells,
         blind=summary.get("selection_blind") or "", blind_everywhere=_blind_everywhere(summary["trials"]),
         budget=BudgetSummary.from_metrics(replicate_summary),
@@ -201,7 +203,7 @@ def _row(summary: dict[str, Any], columns: list[Column]) -> MethodRow:
 
 
 def _blind_everywhere(trials: list[dict[str, Any]]) -> bool:
-    finished = [t for t in trials if t["status"] == "ok"]
+    finished = [t for t in trials if t["status"] == OK]
     return bool(finished) and all(t.get("selection_blind") for t in finished)
 
 
@@ -227,11 +229,11 @@ def _off(value: float, reference: float) -> bool:
     return not (math.isfinite(value) and reference > 0 and abs(value / reference - 1) <= BUDGET_TOLERANCE)
 
 
-def _nan_if_none(value: Optional[float]) -> float:
+def _nan_if_none(value: float | None) -> float:
     return float("nan") if value is None else float(value)
 
 
-def _total(compute: dict[str, dict[str, float]], key: str) -> Optional[float]:
+def _total(compute: dict[str, dict[str, float]], key: str) -> float | None:
     return float(sum(stage.get(key, 0.0) for stage in compute.values())) if compute else None
 
 
@@ -266,7 +268,7 @@ def render(comparison: Comparison, fmt_name: str) -> str:
     return {"table": as_table, "csv": as_csv, "json": as_json, "markdown": as_markdown, "latex": as_latex}[fmt_name](comparison)
 
 
-def _compute_text(seconds: Optional[float], unit: str) -> str:
+def _compute_text(seconds: float | None, unit: str) -> str:
     if seconds is None:
         return ""
     return f"{seconds / 3600:.2f} {unit}-h" if seconds >= 3600 else f"{seconds:.0f} {unit}-s"
@@ -321,9 +323,9 @@ def _unfinished_lines(comparison: Comparison) -> list[str]:
 
 def as_table(comparison: Comparison) -> str:
     out: list[str] = []
+    text_mark = {BEST: " **", WITHIN: " *", "": ""}
     for table in comparison.tables:
         out += [_heading(table), ""]
-        text_mark = {BEST: " **", WITHIN: " *", "": ""}
         ranked = _display_frame(table, table.ranked, lambda text, mark: text + text_mark[mark])
         out += [ranked.to_string(index=False)] if not ranked.empty else ["(no OOD-selected sweep)"]
         if table.analysis_only:
@@ -363,7 +365,7 @@ def latex_escape(text: str) -> str:
     return "".join(LATEX_SPECIALS.get(ch, ch) for ch in text)
 
 
-def _latex_cell(cell: Optional[Cell]) -> str:
+def _latex_cell(cell: Cell | None) -> str:
     if cell is None:
         return "--"
     text = f"{100 * cell.mean:.1f}" + ("" if math.isnan(cell.std) else f" $\\pm$ {100 * cell.std:.1f}")

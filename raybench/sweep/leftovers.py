@@ -19,7 +19,6 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import psutil
 
@@ -35,10 +34,10 @@ class ProcessId:
     created: float  # psutil's create_time, the same float on every read while the process lives
 
     @classmethod
-    def of(cls, process: psutil.Process) -> "ProcessId":
+    def of(cls, process: psutil.Process) -> ProcessId:
         return cls(process.pid, process.create_time())
 
-    def process(self) -> Optional[psutil.Process]:
+    def process(self) -> psutil.Process | None:
         """The live process this id names; None when it ended, or when its pid now belongs to another."""
         try:
             process = psutil.Process(self.pid)
@@ -61,7 +60,7 @@ class DriverRecord:
                            "processes": [[p.pid, p.created] for p in self.processes]})
 
     @classmethod
-    def from_json(cls, text: str) -> "DriverRecord":
+    def from_json(cls, text: str) -> DriverRecord:
         body = json.loads(text)
         return cls(str(body["host"]), ProcessId(int(body["driver"][0]), float(body["driver"][1])),
                    tuple(ProcessId(int(pid), float(created)) for pid, created in body["processes"]))
@@ -107,7 +106,7 @@ def forget_driver(session_dir: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def load_record(path: Path) -> Optional[DriverRecord]:
+def load_record(path: Path) -> DriverRecord | None:
     """The record at `path`; None when it is missing or unreadable (a driver killed while writing it writes
     only its temporary file, so a damaged record is not expected; it is then left alone)."""
     try:

@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a cluster node
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator, NullFormatter
 
-from raybench.labels import METRIC_LABELS  # noqa: E402
-from raybench.sweep.results import split_labels  # noqa: E402
+from raybench.labels import METRIC_LABELS
+from raybench.report_keys import BEST_PREFIX
+from raybench.sweep.results import split_labels
 
 if TYPE_CHECKING:
     from raybench.sweep.compare import Comparison, DatasetTable
@@ -101,7 +103,7 @@ def _log_axis(ax: Any, low: float, high: float) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _positions(ax: Any, values: list[Any], scale: Optional[str]) -> list[float]:
+def _positions(ax: Any, values: list[Any], scale: str | None) -> list[float]:
     """x positions of sampled values: the values themselves, or for a choice, evenly spaced ticks labelled with
     the choices in sorted order (so 3, 7, 15 sit side by side, and strings work too)."""
     if scale != CATEGORICAL and all(_finite(v) for v in values):
@@ -129,18 +131,18 @@ def curves_figure(summary: Mapping[str, Any], curves: Sequence[Curve]) -> Figure
     return figure
 
 
-def id_ood_keys(summary: Mapping[str, Any]) -> Optional[tuple[str, str, str]]:
+def id_ood_keys(summary: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """(ID key, OOD key, metric) of the headline metric: ID test if the dataset has it, else ID val."""
     runs = [*summary["trials"], *summary["replicates"]["runs"]]
     keys = set().union(*(r.get("metrics", {}) for r in runs)) if runs else set()
     for metric in summary.get("metric_names", ()):
         for id_split in ("id_test", "id_val"):
-            if f"best/{id_split}/{metric}" in keys and f"best/test/{metric}" in keys:
-                return f"best/{id_split}/{metric}", f"best/test/{metric}", metric
+            if f"{BEST_PREFIX}{id_split}/{metric}" in keys and f"{BEST_PREFIX}test/{metric}" in keys:
+                return f"{BEST_PREFIX}{id_split}/{metric}", f"{BEST_PREFIX}test/{metric}", metric
     return None
 
 
-def id_ood_figure(summary: Mapping[str, Any]) -> Optional[Figure]:
+def id_ood_figure(summary: Mapping[str, Any]) -> Figure | None:
     """ID against OOD test of every trial (circles) and replicate (triangles); None without both splits."""
     keys = id_ood_keys(summary)
     if keys is None:
@@ -175,7 +177,7 @@ def sweep_figures(summary: Mapping[str, Any], scales: Mapping[str, str], curves:
     return figures
 
 
-def comparison_figure(table: "DatasetTable") -> Figure:
+def comparison_figure(table: DatasetTable) -> Figure:
     """Each method's mean ± std over replicates (error bars) in every report column, side by side; the best
     entry of the ranking column ringed, analysis-only (oracle) rows labelled as such."""
     from raybench.sweep.compare import BEST
@@ -207,7 +209,7 @@ def comparison_figure(table: "DatasetTable") -> Figure:
     return figure
 
 
-def comparison_figures(comparison: "Comparison", filename: str) -> dict[str, Figure]:
+def comparison_figures(comparison: Comparison, filename: str) -> dict[str, Figure]:
     """One figure per dataset: `filename` itself for one, its stem + `-<dataset>` for several."""
     stem, several = Path(filename).stem, len(comparison.tables) > 1
     return {(f"{stem}-{t.dataset}.png" if several else filename): comparison_figure(t) for t in comparison.tables}

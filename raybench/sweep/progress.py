@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 
 def duration(seconds: float) -> str:
     """Seconds as `42s`, `3m07s` or `1h02m`."""
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds}s"
     minutes, seconds = divmod(seconds, 60)
@@ -38,13 +38,13 @@ class StageProgress:
     failed: int = 0
     stopped: int = 0  # finished early at an early-stopping scheduler's request (ASHA)
     untimed: int = 0  # finished trials left out of the rate: replayed ones, and those before a resume
-    best: Optional[float] = None
+    best: float | None = None
 
     def __post_init__(self) -> None:
         if math.isnan(self.started):
             self.started = self.clock()
 
-    def finished(self, value: Optional[float], failed: bool, replayed: bool = False, stopped: bool = False) -> str:
+    def finished(self, value: float | None, failed: bool, replayed: bool = False, stopped: bool = False) -> str:
         """Count one finished trial (its selection value; whether it failed, was replayed from its record or
         was stopped early); the line to print."""
         self.done += 1

@@ -39,9 +39,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -50,33 +51,45 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # TensorBoard hints stay out of it (verbose=0 alone still prints them with the new output engine).
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
-import optuna  # noqa: E402
-import ray  # noqa: E402
-import ray.train  # noqa: E402
-import ray.train.torch  # noqa: E402
-from ray import tune  # noqa: E402
-from ray._common.utils import get_default_ray_temp_dir  # noqa: E402
-from ray.train.v2._internal.callbacks.datasets import DatasetsCallback  # noqa: E402
-from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
-from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler  # noqa: E402
-from ray.tune.search.optuna import OptunaSearch  # noqa: E402
-from ray.util.queue import Empty as QueueEmpty, Queue as RayQueue  # noqa: E402
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+import optuna
+import ray
+import ray.train
+import ray.train.torch
+from ray import tune
+from ray._common.utils import get_default_ray_temp_dir
+from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+from ray.tune.search.optuna import OptunaSearch
+from ray.util.queue import Empty as QueueEmpty
+from ray.util.queue import Queue as RayQueue
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raybench.sweep.errors import ClusterError  # noqa: E402
-from raybench.paths import StorageFull, disk_full_errno_in, inside, write_text_atomically  # noqa: E402
-from raybench.sweep.atomic_storage import atomic_local_filesystem  # noqa: E402
-from raybench.sweep.leftovers import forget_driver, record_driver, stop_dead_drivers_leftovers  # noqa: E402
-from raybench.sweep.progress import StageProgress  # noqa: E402
-from raybench.sweep.sampling import MAX_REDRAWS, SAMPLERS, config_key, optuna_distribution  # noqa: E402
-from raybench.sweep.space import ResolvedSpace, run_key  # noqa: E402
-from raybench.sweep.results import FAILED, INTERRUPTED, OK, SELECTABLE, STOPPED  # noqa: E402
-from raybench.budget import BUDGET_PREFIX  # noqa: E402
-from raybench.sweep.ray_worker import (  # noqa: E402
-    EPOCHS_DONE, FAILURE_KEY, NODE_KEY, SEARCH_METRIC, STAGES_KEY, TrainReporter, TrialClock, WorkersReportCallback,
-    deterministic_failure, fit, flat_report, train_worker_loop,
+from raybench.budget import BUDGET_PREFIX
+from raybench.paths import StorageFull, disk_full_errno_in, inside, write_text_atomically
+from raybench.report_keys import BEST_PREFIX, BLIND_INFO, GPU_S, NODE, NOTE_INFO, SELECTION_BEST, TIME_PREFIX, WALL_S
+from raybench.sweep.atomic_storage import atomic_local_filesystem
+from raybench.sweep.errors import ClusterError
+from raybench.sweep.leftovers import forget_driver, record_driver, stop_dead_drivers_leftovers
+from raybench.sweep.progress import StageProgress
+from raybench.sweep.ray_worker import (
+    EPOCHS_DONE,
+    FAILURE_KEY,
+    REPORTED_AT,
+    STAGES_KEY,
+    TRAINER_STARTED_AT,
+    TrainReporter,
+    TrialClock,
+    WorkersReportCallback,
+    deterministic_failure,
+    fit,
+    flat_report,
+    train_worker_loop,
 )
-from raybench.trainer import EpochReport  # noqa: E402
+from raybench.sweep.results import FAILED, INTERRUPTED, OK, SELECTABLE, STOPPED
+from raybench.sweep.sampling import MAX_REDRAWS, SAMPLERS, config_key, optuna_distribution
+from raybench.sweep.space import ResolvedSpace, run_key
+from raybench.trainer import EpochReport
 
 # Tune's "`process_trial_result` took 0.8 s, which may be a performance bottleneck" (the MLflow callback's
 # sqlite commit on a busy 2-core machine): timing hints for Tune's developers, not the user's console.
@@ -194,10 +207,10 @@ class RunSpec:
     max_concurrent: int
     callbacks: tuple[Any, ...] = ()
     train_path: TrainPath = dataclasses.field(default_factory=lambda: DEFAULT_TRAIN_PATH)
-    early_stopping: Optional[EarlyStopping] = None  # None: every trial runs all of its epochs (FIFO)
+    early_stopping: EarlyStopping | None = None  # None: every trial runs all of its epochs (FIFO)
 
     @property
-    def stop_requests(self) -> "StopRequests":
+    def stop_requests(self) -> StopRequests:
         return StopRequests(self.storage / self.name / "stop_requests")
 
 
@@ -205,7 +218,7 @@ DEFAULT_TRAIN_PATH = TrainPath()
 
 
 # ----- connecting -----------------------------------------------------------------------------------
-def connect(address: Optional[str], driver_slots: int) -> bool:
+def connect(address: str | None, driver_slots: int) -> bool:
     """Join a cluster (`address`) or start a private local one; make sure trial drivers can be placed.
 
     Returns whether this call connected (so the caller disconnects again); False when Ray was already up.
@@ -259,7 +272,7 @@ def watch_own_node(interval_s: float = NODE_WATCH_INTERVAL_S) -> threading.Threa
             time.sleep(interval_s)
             try:
                 alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
-            except Exception:  # the GCS is away (restarting) or Ray is shutting down: ask again
+            except Exception:  # noqa: BLE001,S112  the GCS is away (restarting) or Ray is shutting down: ask again
                 continue
             if alive.get(node_id) is False:
                 print(f"raybench: the Ray node this driver joined ({node_id[:12]}) is gone (its raylet died, as in a "
@@ -272,7 +285,7 @@ def watch_own_node(interval_s: float = NODE_WATCH_INTERVAL_S) -> threading.Threa
     return thread
 
 
-def node_temp_dir() -> Optional[str]:
+def node_temp_dir() -> str | None:
     """The temp dir of the node this driver joins (RAYBENCH_NODE_TEMP_DIR), or None for Ray's choice.
 
     With several nodes on one machine, Ray attaches a driver to the head's node. A driver that must outlive
@@ -346,7 +359,7 @@ def speaks_grpc(host: str, port: int, timeout_s: float) -> bool:
         channel.close()
 
 
-def check_resources(resources: "Resources", executor: str, autoscaling: bool) -> None:
+def check_resources(resources: Resources, executor: str, autoscaling: bool) -> None:
     """Refuse, before any trial starts, a request that no node of the cluster can ever satisfy: Tune would
     otherwise wait forever (function executor) or fail every trial after minutes (Train executor).
     An autoscaling cluster may grow into the request, so `autoscaling` skips the check."""
@@ -388,11 +401,11 @@ def trial_timing(started: float, last: dict[str, Any], gpus: float) -> dict[str,
     the trainer (`time/trial_s`) and teardown, and the GPU-seconds it held (`gpus` for all of its wall time)."""
     now = time.time()
     wall = now - started
-    return {"time/wall_s": wall, "time/startup_s": float(last.get("time/trainer_started_at", now)) - started,
-            "time/teardown_s": now - float(last.get("time/reported_at", now)), "time/gpu_s": wall * gpus}
+    return {WALL_S: wall, f"{TIME_PREFIX}startup_s": float(last.get(TRAINER_STARTED_AT, now)) - started,
+            f"{TIME_PREFIX}teardown_s": now - float(last.get(REPORTED_AT, now)), GPU_S: wall * gpus}
 
 
-def _finish(completed: "CompletedRuns", key: str, last: dict[str, Any], started: float, gpus: float,
+def _finish(completed: CompletedRuns, key: str, last: dict[str, Any], started: float, gpus: float,
             stopped: bool) -> None:
     """Record the finished run: the last epoch's report plus its timing, and whether a scheduler stopped it
     early. Tune has had every report already (ReportRelay); the sweep's callbacks and `collect` read this
@@ -403,7 +416,7 @@ def _finish(completed: "CompletedRuns", key: str, last: dict[str, Any], started:
 class TuneReporter(TrainReporter):
     """In a plain Tune function trial: the same reports through `tune.report`; keeps the last one."""
 
-    def __init__(self, stop_file: Optional[str] = None) -> None:
+    def __init__(self, stop_file: str | None = None) -> None:
         self.facts = {}
         self.stages = []
         self.last: dict[str, Any] = {}
@@ -417,7 +430,7 @@ class TuneReporter(TrainReporter):
             self.clock.report(lambda: tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp)))
 
 
-def _raise_if_failed(metrics: Optional[dict[str, Any]]) -> None:
+def _raise_if_failed(metrics: dict[str, Any] | None) -> None:
     if metrics and FAILURE_KEY in metrics:
         raise TrialFailed(metrics[FAILURE_KEY])
 
@@ -436,7 +449,7 @@ class CompletedRuns:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
-    def load(self, key: str) -> Optional[dict[str, Any]]:
+    def load(self, key: str) -> dict[str, Any] | None:
         path = self._path(key)
         return json.loads(path.read_text()) if path.is_file() else None
 
@@ -472,7 +485,7 @@ class CooperativeASHA(AsyncHyperBandScheduler):
     request (StopRequests) the trial honours after its epoch rather than a kill."""
 
     def __init__(self, rule: EarlyStopping, requests: StopRequests) -> None:
-        super().__init__(time_attr=EPOCHS_DONE, metric=SEARCH_METRIC, mode="max", max_t=rule.max_epochs,
+        super().__init__(time_attr=EPOCHS_DONE, metric=SELECTION_BEST, mode="max", max_t=rule.max_epochs,
                          grace_period=rule.grace_period, reduction_factor=rule.reduction_factor, stop_last_trials=False)
         self.rule, self.requests = rule, requests
 
@@ -485,13 +498,13 @@ class CooperativeASHA(AsyncHyperBandScheduler):
         return TrialScheduler.CONTINUE
 
 
-def stopped_early(spec: "RunSpec", trial_id: str, last: dict[str, Any]) -> bool:
+def stopped_early(spec: RunSpec, trial_id: str, last: dict[str, Any]) -> bool:
     """Whether the scheduler asked this trial to stop and it ended before its last epoch because of it."""
     rule = spec.early_stopping
     return bool(rule and spec.stop_requests.asked(trial_id) and int(last.get(EPOCHS_DONE, 0)) < rule.max_epochs)
 
 
-def _stop_file(spec: "RunSpec", trial_id: str) -> Optional[str]:
+def _stop_file(spec: RunSpec, trial_id: str) -> str | None:
     return str(spec.stop_requests.path(trial_id)) if spec.early_stopping else None
 
 
@@ -503,7 +516,7 @@ def _replay_if_done(completed: CompletedRuns, key: str) -> bool:
     return True
 
 
-def _keep(metrics: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _keep(metrics: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
@@ -529,7 +542,7 @@ class ReportRelay:
         def run() -> None:
             try:
                 outcome["result"] = trainer.fit()
-            except BaseException as err:  # re-raised in the driver thread, after the reports it left
+            except BaseException as err:  # noqa: BLE001  re-raised in the driver thread, after the reports it left
                 outcome["error"] = err
 
         thread = threading.Thread(target=run, name="raybench-train-fit", daemon=True)
@@ -645,7 +658,7 @@ class DistinctOptunaSearch(OptunaSearch):
         super().__init__(*args, **kwargs)
         self._handed_out: set[str] = set()
 
-    def suggest(self, trial_id: str) -> Optional[dict]:
+    def suggest(self, trial_id: str) -> dict | None:
         for _ in range(MAX_REDRAWS):
             config = super().suggest(trial_id)
             if config is None or config_key(config) not in self._handed_out:
@@ -670,7 +683,7 @@ def _reuse_actors(spec: RunSpec) -> bool:
     return spec.executor == "function" or spec.train_path.reuse_driver
 
 
-def _scheduler(spec: RunSpec) -> Optional[TrialScheduler]:
+def _scheduler(spec: RunSpec) -> TrialScheduler | None:
     """ASHA when the search stops trials early; None is Tune's FIFO (every trial runs to its end)."""
     return CooperativeASHA(spec.early_stopping, spec.stop_requests) if spec.early_stopping else None
 
@@ -709,7 +722,7 @@ def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, s
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory" on the console
     searcher = DistinctOptunaSearch(
         space={name: optuna_distribution(p) for name, p in space.search.items()},
-        metric=SEARCH_METRIC, mode="max", sampler=SAMPLERS[sampler](seed),
+        metric=SELECTION_BEST, mode="max", sampler=SAMPLERS[sampler](seed),
     ) if space.search else None
 
     def make_tuner() -> tune.Tuner:
@@ -764,13 +777,23 @@ class TrackingCallback(tune.Callback):
         self._tracker, self.space, self.stage, self.tags, self.records = tracker, space, stage, tags, records
         self.uri, self.parent_id = tracker.uri, tracker.parent_id
         self.runs: dict[str, str] = {}
+        self.logged_through: dict[str, int] = {}  # per Tune trial, the last epoch its run had logged when found
         self.stages_logged: set[tuple[str, str]] = set()
         self.nodes: dict[str, list[str]] = {}  # per Tune trial, the nodes its epochs ran on, in order
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles callbacks into its experiment state and hands the copy back on restore: keep the
         tracking URI and parent run id, and reconnect lazily."""
-        return {**self.__dict__, "_tracker": None, "runs": {}, "stages_logged": set(), "nodes": {}}
+        return {**self.__dict__, **self._fresh_state()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A sweep started by an older raybench pickled fewer fields: the per-process ones start empty."""
+        self.__dict__.update({**state, **self._fresh_state()})
+
+    @staticmethod
+    def _fresh_state() -> dict[str, Any]:
+        """What a restored copy rebuilds in its own process: the tracker connection and the per-trial maps."""
+        return {"_tracker": None, "runs": {}, "logged_through": {}, "stages_logged": set(), "nodes": {}}
 
     @property
     def tracker(self) -> Any:
@@ -792,7 +815,7 @@ class TrackingCallback(tune.Callback):
                     "tune_trial_id": trial.trial_id}
             name = readable_run_name(self.stage, key, {k: v for k, v in trial.config.items() if k in self.space.search},
                                      config["seed"])
-            self.runs[trial.trial_id] = self.tracker.start_child(key, name, config, tags)
+            self.runs[trial.trial_id], self.logged_through[trial.trial_id] = self.tracker.open_child(key, name, config, tags)
         return self.runs[trial.trial_id]
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -800,14 +823,15 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         run = self._run(trial)
-        tags = self._node_tags(trial, result.get(NODE_KEY))
-        if FAILURE_KEY not in result and not result.get("replayed"):
-            self.tracker.log_metrics(run, result, step=int(result.get("epoch", iteration)), tags=tags)
+        tags = self._node_tags(trial, result.get(NODE))
+        step = int(result.get("epoch", iteration))
+        if FAILURE_KEY not in result and not result.get("replayed") and step > self.logged_through[trial.trial_id]:
+            self.tracker.log_metrics(run, result, step=step, tags=tags)
         elif tags:
             self.tracker.set_tags(run, tags)
         self._log_stages(trial, run, result)
 
-    def _node_tags(self, trial: Any, node: Optional[str]) -> dict[str, str]:
+    def _node_tags(self, trial: Any, node: str | None) -> dict[str, str]:
         """The run's `raybench.nodes` tag (the nodes it ran on, in order: `worker-1,head` after a node was lost)
         when this result moved it, sent with the epoch's metrics in the same request."""
         seen = self.nodes.setdefault(trial.trial_id, [])
@@ -831,7 +855,7 @@ class TrackingCallback(tune.Callback):
         if record.get(STOPPED_KEY):
             tags["raybench.stopped_early"] = f"after epoch {int(record[EPOCHS_DONE]) - 1}"
         if record and not last.get("replayed"):  # what the run used, from its record, with the tags in one request
-            timing = {k: v for k, v in record.items() if k.startswith("time/")}
+            timing = {k: v for k, v in record.items() if k.startswith(TIME_PREFIX)}
             self.tracker.log_metrics(run, timing, step=int(record.get("epoch", iteration)), tags=tags)
             tags = {}
         self.tracker.end_child(run, "FAILED" if reason else "FINISHED", reason=reason, tags=tags)
@@ -853,7 +877,7 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         last = trial.last_result or {}
-        self.say(self.progress.finished(last.get(SEARCH_METRIC), failed=FAILURE_KEY in last,
+        self.say(self.progress.finished(last.get(SELECTION_BEST), failed=FAILURE_KEY in last,
                                         replayed=bool(last.get("replayed")),
                                         stopped=bool(self.records.for_trial(trial).get(STOPPED_KEY))))
 
@@ -940,11 +964,9 @@ def _order(result: Any, metrics: dict[str, Any], fallback: int) -> int:
     return int(found.group(1)) if found else fallback
 
 
-BLIND_INFO = "info/selection_blind"
-NOTE_INFO = "info/selection_note"
 
 
-def _reason(result: Any, metrics: dict[str, Any], finished: bool) -> Optional[str]:
+def _reason(result: Any, metrics: dict[str, Any], finished: bool) -> str | None:
     if FAILURE_KEY in metrics:
         return str(metrics[FAILURE_KEY])
     if result.error is not None:
@@ -952,18 +974,18 @@ def _reason(result: Any, metrics: dict[str, Any], finished: bool) -> Optional[st
         return lines[-1] if lines else type(result.error).__name__
     if not finished:
         return None
-    if SEARCH_METRIC not in metrics:
+    if SELECTION_BEST not in metrics:
         return "no epoch finished"
     return None
 
 
-def _checkpoint_path(result: Any, metrics: dict[str, Any]) -> Optional[str]:
+def _checkpoint_path(result: Any, metrics: dict[str, Any]) -> str | None:
     if metrics.get("checkpoint_path"):
         return str(metrics["checkpoint_path"])
     return result.checkpoint.path if result.checkpoint is not None else None
 
 
-def _status(reason: Optional[str], record: Optional[dict[str, Any]]) -> str:
+def _status(reason: str | None, record: dict[str, Any] | None) -> str:
     if reason:
         return FAILED
     if record is None:
@@ -985,7 +1007,7 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
         sampled = {k: v for k, v in (result.config or {}).items()}
         config = space.materialize(sampled)
         record = completed.load(run_key(config, spec.stage))
-        metrics.update({k: v for k, v in (record or {}).items() if k.startswith("time/")})
+        metrics.update({k: v for k, v in (record or {}).items() if k.startswith(TIME_PREFIX)})
         reason = _reason(result, metrics, record is not None)
         status = _status(reason, record)
         records.append({
@@ -995,12 +1017,12 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
             "sampled": sampled,
             "status": status,
             "failure_reason": reason,
-            "selection_value": metrics.get(SEARCH_METRIC) if status in SELECTABLE else None,
+            "selection_value": metrics.get(SELECTION_BEST) if status in SELECTABLE else None,
             "best_epoch": metrics.get("best_epoch"),
             "selection_blind": bool(metrics.get(BLIND_INFO)),
             "selection_note": metrics.get(NOTE_INFO),
-            "metrics": {k: v for k, v in metrics.items() if k.startswith(("best/", "time/", BUDGET_PREFIX)) and isinstance(v, (int, float))},
+            "metrics": {k: v for k, v in metrics.items() if k.startswith((BEST_PREFIX, TIME_PREFIX, BUDGET_PREFIX)) and isinstance(v, (int, float))},
             "checkpoint": _checkpoint_path(result, metrics),
-            "node": (record or metrics).get(NODE_KEY),
+            "node": (record or metrics).get(NODE),
         })
     return sorted(records, key=lambda r: r["order"])

@@ -13,22 +13,23 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import ray.train
 from ray.train.v2.api.callback import UserCallback
 
+from raybench.report_keys import BEST_PREFIX, CPU_S, INFO_PREFIX, NODE, SELECTION_BEST, TIME_PREFIX
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 
 FAILURE_KEY = "failure_reason"
 STAGES_KEY = "stages"  # JSON list of the multi-stage method's earlier stages, carried by every report
-SEARCH_METRIC = "selection/best"
-CPU_KEY = "time/cpu_s"
 EPOCHS_DONE = "epochs_done"  # what an early-stopping scheduler counts its rungs in
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # where Train persisted a report's checkpoint (as TuneReportCallback names it)
-NODE_KEY = "info/node"  # the Ray node this epoch ran on (rank 0's), as it names itself
+TRAINER_STARTED_AT = f"{TIME_PREFIX}trainer_started_at"  # wall clock, for the driver's start-up share
+REPORTED_AT = f"{TIME_PREFIX}reported_at"  # wall clock, for the driver's teardown share
 NODE_LABEL = "raybench.node"  # the node label cluster/local-up.sh gives each node (head, worker-1, ...)
 
 
@@ -56,9 +57,9 @@ class TrialClock:
     waited: float = 0.0
 
     def fields(self) -> dict[str, float]:
-        return {"time/trial_s": time.perf_counter() - self.perf, "time/report_wait_s": self.waited,
-                CPU_KEY: time.process_time() - self.cpu,
-                "time/trainer_started_at": self.wall, "time/reported_at": time.time()}
+        return {f"{TIME_PREFIX}trial_s": time.perf_counter() - self.perf, f"{TIME_PREFIX}report_wait_s": self.waited,
+                CPU_S: time.process_time() - self.cpu,
+                TRAINER_STARTED_AT: self.wall, REPORTED_AT: time.time()}
 
     def report(self, send: Callable[[], None]) -> None:
         """Hand a report over, timing the wait."""
@@ -73,11 +74,11 @@ def flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
     if stages:
         metrics[STAGES_KEY] = json.dumps(stages, default=str)
     metrics.update(clock.fields())
-    metrics.update({f"best/{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith(("train/", "budget/"))})
+    metrics.update({f"{BEST_PREFIX}{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith(("train/", "budget/"))})
     metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
     metrics[EPOCHS_DONE] = report.metrics["epoch"] + 1
-    metrics.update({f"info/{k}": v for k, v in facts.items()})
-    metrics[NODE_KEY] = node_name()
+    metrics.update({f"{INFO_PREFIX}{k}": v for k, v in facts.items()})
+    metrics[NODE] = node_name()
     return metrics
 
 
@@ -95,7 +96,7 @@ class WorkersReportCallback(UserCallback):
     def __init__(self, queue: Any) -> None:
         self.queue = queue
 
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Optional[Any]) -> None:
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any | None) -> None:
         item = dict(with_workers_cpu(metrics)[0])
         if checkpoint is not None:
             item[CHECKPOINT_PATH_KEY] = checkpoint.path
@@ -106,15 +107,15 @@ def with_workers_cpu(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The workers' reports (rank 0 first) with rank 0's CPU-seconds replaced by every worker's sum."""
     if len(metrics) < 2:
         return metrics
-    total = sum(float(m.get(CPU_KEY, 0.0)) for m in metrics)
-    return [{**metrics[0], CPU_KEY: total}, *metrics[1:]]
+    total = sum(float(m.get(CPU_S, 0.0)) for m in metrics)
+    return [{**metrics[0], CPU_S: total}, *metrics[1:]]
 
 
 class StopRequestReader(Callback):
     """Ends the run when its stop-request file exists (raybench.sweep.ray_backend.StopRequests): an early-
     stopping scheduler's decision, honoured after the epoch that was reported, so the run ends as finished."""
 
-    stop_file: Optional[str] = None
+    stop_file: str | None = None
 
     def should_stop(self) -> bool:
         return self.stop_file is not None and os.path.exists(self.stop_file)
@@ -123,7 +124,7 @@ class StopRequestReader(Callback):
 class TrainReporter(StopRequestReader):
     """On each Ray Train worker: every epoch, `ray.train.report` the metrics; rank 0 attaches the checkpoint."""
 
-    def __init__(self, stop_file: Optional[str] = None) -> None:
+    def __init__(self, stop_file: str | None = None) -> None:
         self.facts: dict[str, str] = {}
         self.stages: list[dict[str, Any]] = []
         self.rank = ray.train.get_context().get_world_rank()
@@ -146,7 +147,7 @@ class TrainReporter(StopRequestReader):
             self.clock.report(lambda: ray.train.report(metrics, checkpoint=checkpoint))
 
 
-def fit(config: dict[str, Any], reporter: Callback, checkpoint: Optional[Any], threads: int) -> None:
+def fit(config: dict[str, Any], reporter: Callback, checkpoint: Any | None, threads: int) -> None:
     """Run the raybench trainer, resuming from `checkpoint` if the run was retried or restored."""
     import torch
 
@@ -161,7 +162,7 @@ def fit(config: dict[str, Any], reporter: Callback, checkpoint: Optional[Any], t
         trainer.fit(resume_from=Path(directory))
 
 
-def deterministic_failure(err: Exception) -> Optional[dict[str, Any]]:
+def deterministic_failure(err: Exception) -> dict[str, Any] | None:
     """The last report of a failure a retry would meet again (a divergence, an unreadable input file), or
     None for any other error. Train would otherwise retry it from a checkpoint; the search metric is NaN
     because Tune insists every result carries it. The driver then fails the trial with this reason."""
@@ -170,7 +171,7 @@ def deterministic_failure(err: Exception) -> Optional[dict[str, Any]]:
 
     for kind, label in ((DivergenceError, "diverged"), (InputReadError, "unreadable input")):
         if isinstance(err, kind):
-            return {FAILURE_KEY: f"{label}: {err}", SEARCH_METRIC: float("nan")}
+            return {FAILURE_KEY: f"{label}: {err}", SELECTION_BEST: float("nan")}
     return None
 
 

@@ -8,8 +8,17 @@ from typing import Any
 
 import pandas as pd
 
+from raybench.report_keys import BEST_PREFIX
 from raybench.sweep.progress import duration
-from raybench.sweep.results import BudgetSummary, compute_line, fmt, nothing_selected, notices, summary_splits, summary_tracking_line
+from raybench.sweep.results import (
+    BudgetSummary,
+    compute_line,
+    fmt,
+    nothing_selected,
+    notices,
+    summary_splits,
+    summary_tracking_line,
+)
 
 
 def _json_safe(value: Any) -> Any:
@@ -51,8 +60,8 @@ def render(summary: dict[str, Any], fmt_name: str) -> str:
 def table(summary: dict[str, Any]) -> str:
     sel, rep = summary.get("selected"), summary["replicates"]
     metric = summary["selection"]["metric"]
-    out = [f"sweep {summary['name']}: {summary['algorithm']} on {summary['dataset']}, "
-           f"selected on {summary['selection']['label']} ({metric})", ""]
+    out = [(f"sweep {summary['name']}: {summary['algorithm']} on {summary['dataset']}, "
+           f"selected on {summary['selection']['label']} ({metric})"), ""]
     if summary.get("state_line"):
         out[1:1] = [summary["state_line"]]
     out += [f"! {line}" for line in notices(summary)] + ([""] if notices(summary) else [])
@@ -70,14 +79,14 @@ def table(summary: dict[str, Any]) -> str:
         return "\n".join(out)
     config = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(sel["sampled"].items()))
     out += [f"selected {sel['trial_id']}: {config}",
-            f"replicates: {rep['ok']}/{len(rep['seeds'])} seeds finished, metrics at each replicate's best-{metric} epoch "
-            f"(mean ± std over seeds, %)"]
+            (f"replicates: {rep['ok']}/{len(rep['seeds'])} seeds finished, metrics at each replicate's best-{metric} epoch "
+            f"(mean ± std over seeds, %)")]
     budget = BudgetSummary.from_metrics(rep["summary"])
     if budget is not None:
         out.insert(-1, f"budget per replicate: {budget.text()}")
     rows = []
     for split, label in summary_splits(summary):
-        cells = {m: fmt(rep["summary"].get(f"best/{split}/{m}")) for m in summary["metric_names"]}
+        cells = {m: fmt(rep["summary"].get(f"{BEST_PREFIX}{split}/{m}")) for m in summary["metric_names"]}
         if any(c != "n/a" for c in cells.values()):
             rows.append({"split": label, **cells})
     if rows:

@@ -9,22 +9,23 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import pandas as pd
 
 from raybench.budget import StepRatios
 from raybench.labels import SHIFT_SPLIT_LABELS
 from raybench.paths import write_atomically, write_text_atomically  # cli and benchmark import the latter from here
+from raybench.report_keys import BEST_PREFIX, CPU_S, GPU_S, SELECTION_BLIND, WALL_S
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
 STOPPED = "stopped early"  # finished when an early-stopping scheduler (ASHA) asked: selectable on its best epoch
 SELECTABLE = (OK, STOPPED)
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
-COMPUTE_KEYS = {"wall_s": "time/wall_s", "cpu_s": "time/cpu_s", "gpu_s": "time/gpu_s"}
-BLIND = "selection metric constant: selection is blind"
+COMPUTE_KEYS = {"wall_s": WALL_S, "cpu_s": CPU_S, "gpu_s": GPU_S}
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,9 @@ class BudgetSummary(StepRatios):
               "protocol_steps", "erm_steps")
 
     @classmethod
-    def from_metrics(cls, values: Mapping[str, Any]) -> Optional["BudgetSummary"]:
+    def from_metrics(cls, values: Mapping[str, Any]) -> BudgetSummary | None:
         """From a run's metrics (numbers) or a replicate summary (cells with a mean); None when not recorded."""
-        def number(key: str) -> Optional[float]:
+        def number(key: str) -> float | None:
             value = values.get(key)
             value = value.get("mean") if isinstance(value, dict) else value
             return float(value) if _finite(value) else None
@@ -83,7 +84,7 @@ def replicate_seeds(trial_id: str, count: int) -> list[int]:
     return [int(hashlib.sha256(f"{trial_id}/replicate/{i}".encode()).hexdigest()[:8], 16) for i in range(count)]
 
 
-def select_best(trials: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def select_best(trials: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The finished trial (run to its end or stopped early) with the highest selection value at its best
     epoch; ties go to the earlier-sampled trial."""
     candidates = [t for t in trials if t["status"] in SELECTABLE and _finite(t.get("selection_value"))]
@@ -107,7 +108,7 @@ def summarize(replicates: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if values.empty:
             continue
         summary[key] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else float("nan"),
-                        "n": int(len(values))}
+                        "n": len(values)}
     return summary
 
 
@@ -146,19 +147,19 @@ def summary_tracking_line(summary: dict[str, Any]) -> str:
     return tracking_line(summary["tracking"], summary["wall_seconds"], runs)
 
 
-def blindness(trials: list[dict[str, Any]]) -> Optional[str]:
+def blindness(trials: list[dict[str, Any]]) -> str | None:
     """One line when trials' selection metric never moved: that selection picked by chance, not by merit."""
     # Trials that ran to their end: one stopped early (ASHA) ended right after a report, before the check.
     finished = [t for t in trials if t["status"] == OK]
     blind = [t for t in finished if t.get("selection_blind")]
     if len(blind) == len(finished) and blind:
-        return f"every trial's {BLIND}"
+        return f"every trial's {SELECTION_BLIND}"
     if blind:
-        return f"{len(blind)} of {len(finished)} trials: {BLIND}"
+        return f"{len(blind)} of {len(finished)} trials: {SELECTION_BLIND}"
     return tied_trials(finished)
 
 
-def tied_trials(finished: list[dict[str, Any]]) -> Optional[str]:
+def tied_trials(finished: list[dict[str, Any]]) -> str | None:
     """One line when two or more finished trials all scored the same selection value: the search then kept
     the first by order, not by merit, however well each trial's own epochs were chosen."""
     values = [t.get("selection_value") for t in finished]
@@ -196,7 +197,7 @@ def write_results(directory: Path, summary: dict[str, Any], trials: pd.DataFrame
     write_text_atomically(directory / "summary.json", json.dumps(summary, indent=2, sort_keys=True, default=str))
 
 
-def fmt(cell: Optional[dict[str, float]]) -> str:
+def fmt(cell: dict[str, float] | None) -> str:
     if not cell:
         return "n/a"
     std = "" if math.isnan(cell["std"]) else f" ± {100 * cell['std']:.1f}"
@@ -235,7 +236,7 @@ def _selected_lines(summary: dict[str, Any]) -> list[str]:
     lines += ["", f"Replicates: {rep['ok']} of {len(rep['seeds'])} seeds finished (mean ± std, %):", "",
               "| split | " + " | ".join(summary["metric_names"]) + " |", "|---" * (len(summary["metric_names"]) + 1) + "|"]
     for split, label in summary_splits(summary):
-        cells = [fmt(rep["summary"].get(f"best/{split}/{m}")) for m in summary["metric_names"]]
+        cells = [fmt(rep["summary"].get(f"{BEST_PREFIX}{split}/{m}")) for m in summary["metric_names"]]
         if any(c != "n/a" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines

@@ -9,22 +9,46 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import raybench
 from raybench.data import ShiftDataset, load_dataset
-from raybench.paths import (HeldLock, LockBusy, file_lock_problem, inside, lock_busy, name_problem, safe_name,
-                            storage_writes, take_lock, writable_dir_problem)
+from raybench.paths import (
+    HeldLock,
+    LockBusy,
+    file_lock_problem,
+    inside,
+    lock_busy,
+    name_problem,
+    safe_name,
+    storage_writes,
+    take_lock,
+    writable_dir_problem,
+)
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import Param, ResolvedSpace, SearchSpace, load_space
-from raybench.tracking import (LOCK_TAG, PROCESS_STATS, RESUME_TAG, RecordedSweep, SweepTracker, TrackingError, base_tags,
-                               check_reachable, check_uri, default_tracking_uri, find_recorded_sweep, flatten, redact_uri, summary_damage)
-
+from raybench.tracking import (
+    LOCK_TAG,
+    PROCESS_STATS,
+    RESUME_TAG,
+    RecordedSweep,
+    SweepTracker,
+    TrackingError,
+    base_tags,
+    check_reachable,
+    check_uri,
+    default_tracking_uri,
+    find_recorded_sweep,
+    flatten,
+    redact_uri,
+    summary_damage,
+)
 
 SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
 # Trainer settings a sweep decides through its own flags: a --set would train one thing under another's label.
@@ -48,8 +72,8 @@ SCHEDULERS = ("fifo", "asha")
 class SweepOptions:
     space: str
     dataset: str = "digits-shift"
-    trials: Optional[int] = None  # None: 10, or 2 with smoke
-    replicates: Optional[int] = None  # None: the dataset's count (3 unless it says), or 2 with smoke
+    trials: int | None = None  # None: 10, or 2 with smoke
+    replicates: int | None = None  # None: the dataset's count (3 unless it says), or 2 with smoke
     seed: int = 0
     sampler: str = "random"
     max_concurrent: int = 2
@@ -57,22 +81,22 @@ class SweepOptions:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     worker_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources each trial worker asks for
-    address: Optional[str] = None
-    tracking_uri: Optional[str] = None
+    address: str | None = None
+    tracking_uri: str | None = None
     storage: str = "runs"
-    name: Optional[str] = None
+    name: str | None = None
     smoke: bool = False
     resume: bool = False
     executor: str = "train"
     selection: str = "ood_val"
     max_failures: int = 2
     autoscaling: bool = False  # the cluster adds nodes on demand: don't refuse what it cannot run yet
-    resume_command: Optional[str] = None  # shown (and tagged) when the sweep is interrupted
+    resume_command: str | None = None  # shown (and tagged) when the sweep is interrupted
     scheduler: str = "fifo"  # fifo: every trial runs all its epochs; asha: stop unpromising ones early
     grace_period: int = 1  # asha: epochs every trial runs before it can be stopped
     reduction_factor: float = 3.0  # asha: keep the top 1/reduction_factor at each rung
     extra_fixed: dict[str, Any] = field(default_factory=dict)
-    parent_run: Optional[str] = None  # an MLflow run (a benchmark's) to nest the sweep's parent run under
+    parent_run: str | None = None  # an MLflow run (a benchmark's) to nest the sweep's parent run under
 
     def sweep_name(self, algorithm: str) -> str:
         return self.name or safe_name(f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}")
@@ -255,7 +279,7 @@ def sweep_busy(name: str, busy: LockBusy) -> SweepBusy:
                      f"{str(busy.path)!r}); wait for it to end, or stop it first")
 
 
-def check_recorded(prepared: Prepared, recorded: Optional[RecordedSweep]) -> None:
+def check_recorded(prepared: Prepared, recorded: RecordedSweep | None) -> None:
     """A new sweep never reuses the parent run of an existing one (in any --storage), and a --resume continues
     the sweep the tracking store recorded, with the flags it recorded: one line naming what differs."""
     opts, store = prepared.options, redact_uri(prepared.tracking_uri)
@@ -271,7 +295,7 @@ def check_recorded(prepared: Prepared, recorded: Optional[RecordedSweep]) -> Non
             raise OptionError(changed)
 
 
-def changed_flag(recorded: dict[str, str], given: dict[str, str]) -> Optional[str]:
+def changed_flag(recorded: dict[str, str], given: dict[str, str]) -> str | None:
     """The first flag whose value differs from the sweep's recorded one, as one line; None if none does.
 
     Flags first, then fixed settings (--set), then the space's search: a `--set lr=...` is then named as
@@ -319,7 +343,7 @@ def _same_value(was: str, now: str) -> bool:
         return False
 
 
-def finished_summary(prepared: Prepared, recorded: Optional[RecordedSweep]) -> Optional[dict[str, Any]]:
+def finished_summary(prepared: Prepared, recorded: RecordedSweep | None) -> dict[str, Any] | None:
     """The results of a sweep that already finished, by its parent run and by its summary under --storage;
     None while there is anything left to do (a resume then continues it)."""
     if recorded is None or recorded.state.state != "finished" or recorded.status != "FINISHED":
@@ -438,8 +462,8 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
 
 
 def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str, runs: list[dict[str, Any]],
-                          expected: int, started: float, trials: Optional[list[dict[str, Any]]] = None,
-                          selected: Optional[dict[str, Any]] = None, seeds: Optional[list[int]] = None) -> None:
+                          expected: int, started: float, trials: list[dict[str, Any]] | None = None,
+                          selected: dict[str, Any] | None = None, seeds: list[int] | None = None) -> None:
     """Tune returns normally after a Ctrl-C; a stage with unfinished or missing runs is an interrupted one.
     Its partial results are written (marked interrupted), then SweepInterrupted is raised."""
     done = sum(r["status"] != tables.INTERRUPTED for r in runs)
@@ -475,7 +499,7 @@ def space_scales(space: ResolvedSpace) -> dict[str, str]:
     return {name: param.scale for name, param in space.search.items()}
 
 
-def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: Optional[dict[str, Any]],
+def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: dict[str, Any] | None,
              replicates: list[dict[str, Any]], seeds: list[int], seconds: float, state: str = "finished") -> dict[str, Any]:
     def public(record: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in record.items() if k != "checkpoint"}
@@ -521,7 +545,7 @@ def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any
 
 
 def _record(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any], trials: list[dict[str, Any]],
-            replicates: list[dict[str, Any]], selected: Optional[dict[str, Any]]) -> None:
+            replicates: list[dict[str, Any]], selected: dict[str, Any] | None) -> None:
     """Results as CSV, Parquet, JSON and markdown, next to the Tune runs and on the parent MLflow run. Each file
     is written all or nothing; a full --storage is one StorageFull naming the file, before MLflow is told."""
     summary["mlflow"] = {"experiment_id": tracker.experiment_id, "run_id": tracker.parent_id}

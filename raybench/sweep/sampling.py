@@ -4,7 +4,8 @@ that a search never hands out the same config twice. The sweep's searcher (raybe
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import optuna
 

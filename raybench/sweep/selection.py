@@ -6,7 +6,6 @@ in-distribution twin; `oracle` peeks at the OOD test split and exists for analys
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from raybench.data import ShiftDataset
 from raybench.labels import selection_label
@@ -16,7 +15,7 @@ from raybench.registry import Registry
 @dataclass(frozen=True)
 class Selection:
     name: str
-    split: Optional[str]  # None: the dataset's own selection split (its OOD validation, or SpuCo's val)
+    split: str | None  # None: the dataset's own selection split (its OOD validation, or SpuCo's val)
     # Peeks at the data the result is reported on: labelled wherever it is shown, never ranked with the others.
     analysis_only: bool = False
 

@@ -11,9 +11,10 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 
 import yaml
 
@@ -33,7 +34,7 @@ SEARCH_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 class SpaceError(ValueError):
     """A malformed search-space file: one line naming file, key, value and what was expected."""
 
-    def __init__(self, path: Union[str, Path], key: str, value: Any, expected: str) -> None:
+    def __init__(self, path: str | Path, key: str, value: Any, expected: str) -> None:
         super().__init__(f"{path}: {key}: expected {expected}, got {quoted(value)}")
 
 
@@ -55,8 +56,8 @@ class Param:
 
     name: str
     distribution: str
-    low: Optional[float] = None
-    high: Optional[float] = None
+    low: float | None = None
+    high: float | None = None
     values: tuple[Any, ...] = ()
     decades: float = 1.0
 
@@ -85,7 +86,7 @@ class SearchSpace:
     derived: dict[str, Derived]
     datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def for_dataset(self, dataset: ShiftDataset) -> "ResolvedSpace":
+    def for_dataset(self, dataset: ShiftDataset) -> ResolvedSpace:
         """Merge the dataset's overrides and turn `lr` distributions into concrete bounds."""
         override = self.datasets.get(dataset.name, {})
         search = {**self.search, **override.get("search", {})}
@@ -324,9 +325,9 @@ def parse_space(data: Any, path: Path) -> SearchSpace:
 
 
 def _no_unknown(data: dict, allowed: set[str], path: Path, prefix: str) -> None:
-    for key in data:
+    for key, value in data.items():
         if key not in allowed:
-            raise SpaceError(path, f"{prefix}{key}", data[key], f"one of the keys {', '.join(sorted(allowed))}")
+            raise SpaceError(path, f"{prefix}{key}", value, f"one of the keys {', '.join(sorted(allowed))}")
 
 
 def _parse_section(data: dict, path: Path, prefix: str, algorithm: str) -> dict[str, Any]:
@@ -339,7 +340,7 @@ def _parse_section(data: dict, path: Path, prefix: str, algorithm: str) -> dict[
                for name, spec in _mapping(data.get("derived"), path, f"{prefix}derived").items()}
     clash = set(search) & set(fixed)
     if clash:
-        name = sorted(clash)[0]
+        name = min(clash)
         raise SpaceError(path, f"{prefix}fixed.{name}", fixed[name], f"no value, since {name!r} is also searched")
     return {"search": search, "fixed": fixed, "derived": derived}
 

@@ -12,7 +12,7 @@ _HOMES = {
     "ConfigError": "config", "TrainConfig": "config",
     "BEST_MODEL_FILE": "loop", "STATE_FILE": "loop", "DivergenceError": "loop", "FitResult": "loop", "Trainer": "loop",
 }
-__all__ = sorted(_HOMES)
+__all__ = sorted(_HOMES)  # noqa: PLE0605  the lazily imported names, from the one table above
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """Shuffled index batches over in-memory splits, driven by an explicit generator for reproducibility."""
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor

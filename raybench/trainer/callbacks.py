@@ -1,9 +1,9 @@
 """How the trainer talks to the outside (console, Ray, MLflow) without importing any of them."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 
 @dataclass

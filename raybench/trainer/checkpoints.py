@@ -7,8 +7,9 @@ whatever code it names. So everything written holds only tensors, dicts, lists, 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -9,20 +9,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AbstractSet, Any, Mapping, Optional, Sequence
+from typing import Any
 
 from raybench.algorithms import ALGORITHMS
 from raybench.algorithms.base import coerce
+from raybench.budget import Budget, ProtocolRule, epoch_steps, plan
 from raybench.data.base import ShiftDataset
 from raybench.models import MODELS, ModelSpec, build_model
-from raybench.budget import Budget, ProtocolRule, epoch_steps, plan
 from raybench.settings import (
-    AT_LEAST_ONE, AT_LEAST_TWO, COUNT, NON_NEGATIVE, POSITIVE, SEED, Allowed, FieldType, find_problem, setting,
+    AT_LEAST_ONE,
+    AT_LEAST_TWO,
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    Allowed,
+    FieldType,
+    find_problem,
+    setting,
 )
 from raybench.trainer.optim import OPTIMIZERS, SCHEDULES
-
 
 DEVICE_PATTERN = re.compile(r"cuda(?::(\d+))?")
 MAX_INPUT_SIZE = 16_384  # px a side: WILDS reads at most 448 (iWildCam); past this no image fits in memory
@@ -43,49 +53,49 @@ class TrainConfig:
 
     dataset: str = setting("digits-shift", help="a registered dataset (raybench list datasets)")
     algorithm: str = setting("erm", help="a registered algorithm (raybench list algorithms)")
-    model: Optional[str] = setting(None, help="a registered model (raybench list models); none: the dataset's")
-    model_weights: Optional[str] = setting(None, help="pretrained weights of the model (a local file or folder); "
+    model: str | None = setting(None, help="a registered model (raybench list models); none: the dataset's")
+    model_weights: str | None = setting(None, help="pretrained weights of the model (a local file or folder); "
                                                       "none: the dataset's for its default model")
-    optimizer: Optional[str] = setting(None, allowed=Allowed(choices=tuple(OPTIMIZERS)),
+    optimizer: str | None = setting(None, allowed=Allowed(choices=tuple(OPTIMIZERS)),
                                        help="none: the dataset's")
-    lr: Optional[float] = setting(None, allowed=POSITIVE, help="learning rate; none: the dataset's")
-    weight_decay: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="none: the dataset's")
-    momentum: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="SGD and LARS momentum; none: the dataset's")
-    scheduler: Optional[str] = setting(None, allowed=Allowed(choices=tuple(k for k in SCHEDULES if k is not None)),
+    lr: float | None = setting(None, allowed=POSITIVE, help="learning rate; none: the dataset's")
+    weight_decay: float | None = setting(None, allowed=NON_NEGATIVE, help="none: the dataset's")
+    momentum: float | None = setting(None, allowed=NON_NEGATIVE, help="SGD and LARS momentum; none: the dataset's")
+    scheduler: str | None = setting(None, allowed=Allowed(choices=tuple(k for k in SCHEDULES if k is not None)),
                                        help="learning-rate schedule; none: the dataset's (often constant)")
-    batch_size: Optional[int] = setting(None, allowed=AT_LEAST_TWO, help="labeled + unlabeled examples per step; "
+    batch_size: int | None = setting(None, allowed=AT_LEAST_TWO, help="labeled + unlabeled examples per step; "
                                                                            "none: the dataset's")
-    unlabeled_ratio: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="k: k unlabeled per labeled example in a "
+    unlabeled_ratio: int | None = setting(None, allowed=AT_LEAST_ONE, help="k: k unlabeled per labeled example in a "
                                                                               "batch; none: the dataset's")
-    unlabeled_split: Optional[str] = setting(None, help="the split unlabeled batches come from; a+b: several joined, "
+    unlabeled_split: str | None = setting(None, help="the split unlabeled batches come from; a+b: several joined, "
                                                         "all_unlabeled: every one; none: the dataset's")
-    epochs: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="passes over the labeled data; none: the "
+    epochs: int | None = setting(None, allowed=AT_LEAST_ONE, help="passes over the labeled data; none: the "
                                                                      "dataset's")
     grad_accum: int = setting(1, allowed=AT_LEAST_ONE, help="batches accumulated per optimiser step")
-    grad_clip: Optional[float] = setting(None, allowed=NON_NEGATIVE, help="gradient-norm clip; 0: no clipping; none: "
+    grad_clip: float | None = setting(None, allowed=NON_NEGATIVE, help="gradient-norm clip; 0: no clipping; none: "
                                                                           "the dataset's")
-    patience: Optional[int] = setting(None, allowed=AT_LEAST_ONE, help="early stopping: epochs without a better "
+    patience: int | None = setting(None, allowed=AT_LEAST_ONE, help="early stopping: epochs without a better "
                                                                        "selection metric; none: never stop early")
     seed: int = setting(0, allowed=SEED, help="seeds the model, the batches and the augmentation")
-    epoch_fraction: Optional[float] = setting(None, allowed=Allowed(low=0.0, high=1.0, low_open=True),
+    epoch_fraction: float | None = setting(None, allowed=Allowed(low=0.0, high=1.0, low_open=True),
                                               help="each epoch covers this share of the labeled training data, for "
                                                    "every method alike: the fair way to shorten runs (the WILDS "
                                                    "budget ratios hold); none: whole epochs")
-    max_steps_per_epoch: Optional[int] = setting(None, allowed=AT_LEAST_ONE,
+    max_steps_per_epoch: int | None = setting(None, allowed=AT_LEAST_ONE,
                                                  help="smoke runs only: cut every epoch at N steps, whatever the "
                                                       "method (breaks the protocol's budget ratios; see "
                                                       "epoch_fraction)")
-    selection_metric: Optional[str] = setting(None, help="split/metric that picks the best epoch; none: the dataset's")
-    data_dir: Optional[str] = setting(None, help="where datasets are cached; none: $RAYBENCH_DATA_DIR or the default")
+    selection_metric: str | None = setting(None, help="split/metric that picks the best epoch; none: the dataset's")
+    data_dir: str | None = setting(None, help="where datasets are cached; none: $RAYBENCH_DATA_DIR or the default")
     data_seed: int = setting(0, allowed=SEED, help="seeds the generated datasets (digits-shift, spuco-*)")
-    stage_cache: Optional[str] = setting(None, help="folder where earlier stages (reference models, pre-training) "
+    stage_cache: str | None = setting(None, help="folder where earlier stages (reference models, pre-training) "
                                                     "are cached")
     device: str = setting("auto", allowed=Allowed(pattern=DEVICE_PATTERN_TEXT, words="auto, cpu or cuda[:N]"),
                           help="auto: a GPU when there is one")
     eval_batch_size: int = setting(512, allowed=AT_LEAST_ONE, help="examples per evaluation batch")
     prefetch: int = setting(2, allowed=COUNT, help="batches read ahead of the step computing when inputs "
                                                             "come from disk; 0: read on demand")
-    input_size: Optional[int] = setting(None, allowed=Allowed(low=8, limit=MAX_INPUT_SIZE), help="images read and models built at N x N "
+    input_size: int | None = setting(None, allowed=Allowed(low=8, limit=MAX_INPUT_SIZE), help="images read and models built at N x N "
                                                                            "(WILDS datasets); none: the dataset's")
     hparams: dict[str, Any] = field(default_factory=dict)
 
@@ -94,7 +104,7 @@ class TrainConfig:
         return [f.name for f in dataclasses.fields(cls) if f.name != "hparams"]
 
     @classmethod
-    def from_flat(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_flat(cls, values: dict[str, Any]) -> TrainConfig:
         """Split a flat dict into fields and algorithm hyperparameters, coercing and validating both."""
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         known = {k: v for k, v in values.items() if k in types and k != "hparams"}
@@ -169,7 +179,7 @@ class TrainConfig:
             raise ConfigError("device", f"expected a GPU index below {count} ({count} CUDA device{plural} here), "
                                         f"got {self.device!r}")
 
-    def resolve(self, dataset: ShiftDataset) -> "TrainConfig":
+    def resolve(self, dataset: ShiftDataset) -> TrainConfig:
         """A copy with every unset field taken from the dataset's defaults."""
         defaults = dataset.defaults
         filled = {
@@ -231,7 +241,7 @@ class TrainConfig:
         except (ValueError, OSError) as err:
             raise ConfigError("model_weights", str(err)) from None
 
-    def epoch_plan(self, dataset: ShiftDataset, epoch_examples: Optional[int] = None) -> "EpochPlan":
+    def epoch_plan(self, dataset: ShiftDataset, epoch_examples: int | None = None) -> EpochPlan:
         """Batch sizes and steps of one epoch of this (resolved) config on `dataset`, as the trainer runs it:
         a pass over the training split, or over `epoch_examples` when the algorithm's sampling says so."""
         algorithm = ALGORITHMS.get(self.algorithm)
@@ -245,7 +255,7 @@ class TrainConfig:
         steps = epoch_steps(examples, labeled, self.epoch_fraction, self.max_steps_per_epoch)
         return EpochPlan(labeled, unlabeled, steps, pretext=False)
 
-    def budget(self, dataset: ShiftDataset, epoch_examples: Optional[int] = None) -> Budget:
+    def budget(self, dataset: ShiftDataset, epoch_examples: int | None = None) -> Budget:
         """What this (resolved) config plans to train, beside what the WILDS rule gives its method at the same
         epoch share (raybench/budget.py): known before any step, so `space show` can print it."""
         algorithm = ALGORITHMS.get(self.algorithm)
@@ -284,7 +294,7 @@ class EpochPlan:
     pretext: bool
 
 
-def numeric_kind(annotation: Any) -> Optional[str]:
+def numeric_kind(annotation: Any) -> str | None:
     """"int" or "float" when `coerce` would turn a value into that number type, else None (as coerce reads types)."""
     kind = str(annotation).replace("typing.", "")
     base = next((t for t in ("bool", "int", "float", "str") if t in kind), "str")

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import TextIO
 
+from raybench.report_keys import SELECTION_BEST
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 
 
 class ConsoleCallback(Callback):
-    def __init__(self, stream: TextIO, checkpoint_dir: Optional[Path] = None) -> None:
+    def __init__(self, stream: TextIO, checkpoint_dir: Path | None = None) -> None:
         self.stream = stream
         self.checkpoint_dir = checkpoint_dir
 
@@ -27,7 +28,7 @@ class ConsoleCallback(Callback):
 
     def on_stage(self, report: StageReport) -> None:
         source = f"loaded from cache {report.key}" if report.cached else (f"trained {report.key}" if report.key else "done")
-        bookkeeping = ("lr", "epoch", "epochs_since_best", "selection/best")
+        bookkeeping = ("lr", "epoch", "epochs_since_best", SELECTION_BEST)
         shown = "  ".join(f"{k}={v:.4f}" for k, v in report.metrics.items()
                           if not k.startswith("train/") and k.count("/") <= 1 and k not in bookkeeping)
         print(f"[stage] {report.name}: {source}  {shown}", file=self.stream, flush=True)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,25 +29,35 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from raybench.algorithms import (
-    ALGORITHMS, Algorithm, AlgorithmContext, RoundContext, SamplingPlan, ScoredRows, StageModel, build_algorithm,
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmContext,
+    RoundContext,
+    SamplingPlan,
+    ScoredRows,
+    StageModel,
+    build_algorithm,
 )
+from raybench.budget import Spent
 from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
 from raybench.data.base import Batch, move_to
 from raybench.data.prefetch import Prefetcher, is_lazy, pinned
 from raybench.models import FeaturizerHead, ModelSpec, build_model
+from raybench.report_keys import SELECTION_BEST, SELECTION_BLIND, STAGE_WEIGHTS_FACT
 from raybench.trainer.batches import balanced_batches, cycle_batches, epoch_batches, multiset_batches, weighted_batches
-from raybench.budget import Spent
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 from raybench.trainer.checkpoints import (
-    BEST_MODEL_FILE, STATE_FILE, atomic_save, load_state_dict_into, read_model_checkpoint, read_trial_state,
+    BEST_MODEL_FILE,
+    STATE_FILE,
+    atomic_save,
+    load_state_dict_into,
+    read_model_checkpoint,
+    read_trial_state,
 )
 from raybench.trainer.config import ConfigError, TrainConfig
 from raybench.trainer.optim import Schedule, build_optimizer, build_schedule
 from raybench.trainer.rng import capture_rng, derived_seed, preserved_rng, restore_rng, seed_everything, seeded_rng
-from raybench.trainer.stages import STAGE_WEIGHTS_FACT, StageCache, stage_key
-
-# The fact a run carries when its selection metric never moved: choosing an epoch by it chose nothing.
-SELECTION_BLIND = "selection metric constant: selection is blind"
+from raybench.trainer.stages import StageCache, stage_key
 
 
 class DivergenceError(RuntimeError):
@@ -99,7 +110,7 @@ class Shard:
     world_size: int = 1
 
     @classmethod
-    def current(cls) -> "Shard":
+    def current(cls) -> Shard:
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size())
         return cls()
@@ -137,8 +148,8 @@ class Trainer:
         self,
         config: TrainConfig,
         callbacks: Sequence[Callback] = (),
-        dataset: Optional[ShiftDataset] = None,
-        shard: Optional[Shard] = None,
+        dataset: ShiftDataset | None = None,
+        shard: Shard | None = None,
     ) -> None:
         self.dataset = dataset or load_dataset(config.dataset, config.data_dir, config.data_seed)
         if config.input_size:
@@ -149,20 +160,20 @@ class Trainer:
         self.shard = shard or Shard.current()
         self.device = choose_device(self.config.device)
         if self.device.type == "cuda" and self.shard.world_size > 1:
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         self.train_split = self.dataset.split("train")
         algorithm_cls = ALGORITHMS.get(self.config.algorithm)
         self.pretext = algorithm_cls.is_pretext(algorithm_cls.Hparams.from_dict(self.config.hparams, self.config.algorithm))
         self.uses_unlabeled = algorithm_cls.uses_unlabeled or self.pretext
-        self.unlabeled_split: Optional[Split] = (
+        self.unlabeled_split: Split | None = (
             self.dataset.split(self.config.unlabeled_split) if self.uses_unlabeled else None
         )
         epoch = self.config.epoch_plan(self.dataset)
         self.labeled_bs, self.unlabeled_bs, self.steps_per_epoch = epoch.labeled_batch, epoch.unlabeled_batch, epoch.steps
         self.budget = self.config.budget(self.dataset)
         self.progress = _Progress()
-        self.best_state: Optional[dict[str, Tensor]] = None  # the best epoch of the current round
-        self.previous_round_state: Optional[dict[str, Tensor]] = None  # the last round's best: the next teacher
+        self.best_state: dict[str, Tensor] | None = None  # the best epoch of the current round
+        self.previous_round_state: dict[str, Tensor] | None = None  # the last round's best: the next teacher
         self.final_state: dict[str, Tensor] = {}
         # Seconds of training steps, and of those the time blocked on reading a batch (benchmarks/data_path.py).
         self.train_s = self.data_wait_s = 0.0
@@ -225,7 +236,7 @@ class Trainer:
         return concat_outputs(outputs)
 
     # ----- the data path --------------------------------------------------------------------
-    def _prefetch_depth(self, *splits: Optional[Split]) -> int:
+    def _prefetch_depth(self, *splits: Split | None) -> int:
         """How many batches are read ahead: `prefetch` when any input is read from disk; tensors already in
         memory are indexed on demand (a thread would only add a hand-off to a microsecond read)."""
         return self.config.prefetch if any(s is not None and is_lazy(s.x) for s in splits) else 0
@@ -239,17 +250,17 @@ class Trainer:
         return dataclasses.replace(batch, x=pinned(batch.x), y=pinned(batch.y), domain=batch.domain.pin_memory(),
                                    group=batch.group.pin_memory())
 
-    def _step_ids(self, batches: Optional[Iterator[Tensor]],
-                  unlabeled: Optional[Iterator[Tensor]]) -> Iterator[tuple[Optional[Tensor], Optional[Tensor]]]:
+    def _step_ids(self, batches: Iterator[Tensor] | None,
+                  unlabeled: Iterator[Tensor] | None) -> Iterator[tuple[Tensor | None, Tensor | None]]:
         """This rank's (labeled, unlabeled) example ids of each step of the epoch, drawn in step order."""
         for _ in range(self.steps_per_epoch):
             yield (self.shard.take(next(batches)) if batches else None,
                    self.shard.take(next(unlabeled)) if unlabeled else None)
 
-    def _on_device(self, batch: Optional[Batch]) -> Optional[Batch]:
+    def _on_device(self, batch: Batch | None) -> Batch | None:
         return None if batch is None else batch.to(self.device)
 
-    def _read_step(self, ids: tuple[Optional[Tensor], Optional[Tensor]]) -> tuple[Optional[Batch], Optional[Batch]]:
+    def _read_step(self, ids: tuple[Tensor | None, Tensor | None]) -> tuple[Batch | None, Batch | None]:
         labeled, unlabeled = ids
         return (None if labeled is None else self._pinned_batch(self.train_split.take(labeled)),
                 None if unlabeled is None else self._pinned_batch(self.unlabeled_split.take(unlabeled)))
@@ -273,8 +284,8 @@ class Trainer:
 
         return predict
 
-    def train_stage(self, name: str, overrides: Mapping[str, Any], dataset: Optional[ShiftDataset] = None,
-                    identity: Optional[Mapping[str, Any]] = None, use_final: bool = True) -> StageModel:
+    def train_stage(self, name: str, overrides: Mapping[str, Any], dataset: ShiftDataset | None = None,
+                    identity: Mapping[str, Any] | None = None, use_final: bool = True) -> StageModel:
         """Train an earlier stage with this same trainer, or load it if any run trained it before.
 
         The stage starts from the dataset's defaults, not from this run's sampled values, so trials that
@@ -350,13 +361,13 @@ class Trainer:
         )
 
     # ----- the loop ---------------------------------------------------------------------------
-    def fit(self, resume_from: Optional[Path] = None) -> FitResult:
+    def fit(self, resume_from: Path | None = None) -> FitResult:
         try:
             return self._fit(resume_from)
         finally:
             self.dataset.release_readers()  # no decode threads outlive the run, whichever way it ends
 
-    def _fit(self, resume_from: Optional[Path]) -> FitResult:
+    def _fit(self, resume_from: Path | None) -> FitResult:
         seed_everything(self.config.seed + self.shard.rank)  # same init is broadcast by DDP; augmentations differ
         resumed = self._load_state(Path(resume_from)) if resume_from else None
         if resumed is not None:
@@ -430,7 +441,7 @@ class Trainer:
                 self.progress.epoch = round_end
                 self._info({f"early_stopped_round_{self.progress.round}": f"after epoch {report.epoch}"})
 
-    def _unlabeled_stream(self, generator: torch.Generator) -> Optional[Iterator[Tensor]]:
+    def _unlabeled_stream(self, generator: torch.Generator) -> Iterator[Tensor] | None:
         """A fresh shuffled stream each epoch, so a run resumed from an epoch checkpoint continues exactly."""
         if self.unlabeled_split is None:
             return None
@@ -445,7 +456,7 @@ class Trainer:
         return DistributedDataParallel(algorithm, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def _train_epoch(self, algorithm: Algorithm, forward: nn.Module, optimizer: torch.optim.Optimizer,
-                     schedule: Schedule, generator: torch.Generator, unlabeled: Optional[Iterator[Tensor]]) -> dict[str, float]:
+                     schedule: Schedule, generator: torch.Generator, unlabeled: Iterator[Tensor] | None) -> dict[str, float]:
         algorithm.train()
         round_epoch = self.progress.epoch - self.progress.round * self.config.epochs
         sums: dict[str, Tensor] = {}
@@ -463,7 +474,7 @@ class Trainer:
         return {f"train/{k}": float(v) / self.steps_per_epoch for k, v in sums.items()}
 
     def _train_step(self, algorithm: Algorithm, forward: nn.Module, optimizer: torch.optim.Optimizer, schedule: Schedule,
-                    sums: dict[str, Tensor], step: int, labeled: Optional[Batch], unlabeled_batch: Optional[Batch]) -> None:
+                    sums: dict[str, Tensor], step: int, labeled: Batch | None, unlabeled_batch: Batch | None) -> None:
         accum, i = self.config.grad_accum, step % self.steps_per_epoch
         with self._autocast():
             out = forward(labeled, unlabeled_batch, step)
@@ -484,7 +495,7 @@ class Trainer:
         for key, value in {"loss/total": out.loss.detach(), **out.logs}.items():
             sums[key] = sums[key] + value.float() if key in sums else value.float()
 
-    def _labeled_batches(self, plan: Optional[SamplingPlan], generator: torch.Generator) -> Iterator[Tensor]:
+    def _labeled_batches(self, plan: SamplingPlan | None, generator: torch.Generator) -> Iterator[Tensor]:
         """The epoch's global labeled batches: a uniform shuffle, or the algorithm's sampling plan."""
         steps, size = self.steps_per_epoch, self.labeled_bs
         plan = plan or self._dataset_sampling()
@@ -497,7 +508,7 @@ class Trainer:
         assert plan.indices is not None
         return multiset_batches(plan.indices, size, steps, generator)
 
-    def _dataset_sampling(self) -> Optional[SamplingPlan]:
+    def _dataset_sampling(self) -> SamplingPlan | None:
         """The dataset's own default sampler (CivilComments: class-balanced labeled batches), if it has one."""
         key = self.dataset.defaults.balance_labeled_by
         if key is None:
@@ -538,7 +549,7 @@ class Trainer:
             self.best_state = _cpu_state(algorithm.model)
         metrics.update({
             "epoch": float(p.epoch),
-            "selection/best": p.best_value,
+            SELECTION_BEST: p.best_value,
             "epochs_since_best": float(p.epoch - p.best_epoch),
         })
         p.history.append(dict(metrics))

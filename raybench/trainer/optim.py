@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
@@ -30,7 +31,7 @@ def _lars(groups: list[dict[str, Any]], weight_decay: float, momentum: float) ->
 class Schedule:
     """A scheduler and whether it advances per optimiser step (else per epoch)."""
 
-    scheduler: Optional[LRScheduler]
+    scheduler: LRScheduler | None
     per_step: bool
 
     def step_batch(self) -> None:
@@ -44,7 +45,7 @@ class Schedule:
 
 ScheduleFactory = Callable[[Optimizer, int, float], Schedule]
 
-SCHEDULES: dict[Optional[str], ScheduleFactory] = {
+SCHEDULES: dict[str | None, ScheduleFactory] = {
     None: lambda opt, total_steps, gamma: Schedule(None, per_step=False),
     "step": lambda opt, total_steps, gamma: Schedule(StepLR(opt, step_size=1, gamma=gamma), per_step=False),
     "linear": lambda opt, total_steps, gamma: Schedule(
@@ -74,7 +75,7 @@ def build_optimizer(name: str, groups: list[dict[str, Any]], weight_decay: float
     return OPTIMIZERS[name](groups, weight_decay, momentum)
 
 
-def build_schedule(name: Optional[str], optimizer: Optimizer, total_steps: int, gamma: float) -> Schedule:
+def build_schedule(name: str | None, optimizer: Optimizer, total_steps: int, gamma: float) -> Schedule:
     if name not in SCHEDULES:
         raise ValueError(f"scheduler: expected one of {', '.join(str(k) for k in SCHEDULES)}, got {name!r}")
     return SCHEDULES[name](optimizer, total_steps, gamma)

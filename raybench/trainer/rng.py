@@ -6,8 +6,9 @@ that file is read with `weights_only=True`, so the states are stored as tensors,
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch

@@ -13,10 +13,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,8 +28,6 @@ MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.json"
 # Settings that change where or how fast a stage runs, not what it learns.
 NOT_IDENTITY = ("device", "data_dir", "eval_batch_size", "stage_cache")
-# The stage fact naming its cached weights file (tracking uploads it as the stage run's artifact).
-STAGE_WEIGHTS_FACT = "weights"
 
 
 def stage_key(config: Mapping[str, Any], identity: Mapping[str, Any]) -> str:

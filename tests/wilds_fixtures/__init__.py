@@ -5,8 +5,8 @@ each module's `write(root)` does one. Nothing here is committed data: every byte
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import amazon, camelyon17, civilcomments, fmow, globalwheat, iwildcam, ogb_molpcba, poverty
 

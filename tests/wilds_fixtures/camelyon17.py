@@ -140,7 +140,7 @@ def _compiled_without_asserts(function: types.FunctionType, module_globals: dict
         raise RuntimeError(f"expected {N_UNLABELED_ASSERTS} asserts in {function.__qualname__}, found {n_asserts}")
     ast.increment_lineno(tree, first_line - 2)  # tracebacks point at the real file's lines
     namespace: dict[str, Any] = {}
-    exec(compile(tree, function.__code__.co_filename, "exec", optimize=1), module_globals, namespace)
+    exec(compile(tree, function.__code__.co_filename, "exec", optimize=1), module_globals, namespace)  # noqa: S102  the fixture's own parsed source
     code = namespace["_Holder"].__dict__[function.__name__].__code__
     assert code.co_freevars == function.__code__.co_freevars, "zero-arg super() needs the same cells"
     return types.FunctionType(code, module_globals, function.__name__, function.__defaults__, function.__closure__)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +26,15 @@ from torch import Tensor
 
 from raybench.data.augment import ImageViews, cutout, random_flip, random_shift_crop
 from raybench.data.base import (
-    LABELED_SPLITS, UNLABELED_SPLITS, InputReadError, Records, ShiftDataset, Split, Task, TaskKind, Views,
+    LABELED_SPLITS,
+    UNLABELED_SPLITS,
+    InputReadError,
+    Records,
+    ShiftDataset,
+    Split,
+    Task,
+    TaskKind,
+    Views,
 )
 from raybench.data.wilds import compat
 from raybench.data.wilds.spec import WildsSpec, load_specs
@@ -35,7 +44,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 ROOT_ENV = "RAYBENCH_WILDS_ROOT"
 
 
-def wilds_root(data_dir: Optional[Path]) -> Path:
+def wilds_root(data_dir: Path | None) -> Path:
     """Where the WILDS folders (`camelyon17_v1.0`, ...) live: `$RAYBENCH_WILDS_ROOT`, else `<data dir>/wilds`."""
     if os.environ.get(ROOT_ENV):
         return Path(os.environ[ROOT_ENV]).expanduser()
@@ -180,12 +189,12 @@ class WildsInputs:
         self.dataset, self.indices, self.spec = dataset, indices, spec
         self.kind = INPUT_KINDS[spec.inputs]
         self.workers = max(1, min(workers, os.cpu_count() or 1))
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, index: Union[Tensor, slice]) -> Any:
+    def __getitem__(self, index: Tensor | slice) -> Any:
         ids = self.indices[index] if isinstance(index, slice) else self.indices[np.asarray(index, dtype=np.int64)]
         examples = list(self._executor().map(self._read, ids))
         return self.kind.collate(examples)
@@ -211,7 +220,7 @@ class WildsInputs:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def resized(self, shape: tuple[int, ...]) -> "WildsInputs":
+    def resized(self, shape: tuple[int, ...]) -> WildsInputs:
         return WildsInputs(self.dataset, self.indices, dataclasses.replace(self.spec, input_shape=shape), self.workers)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -243,7 +252,7 @@ class WildsShiftDataset(ShiftDataset):
     def metric_names(self) -> tuple[str, ...]:
         return self.headline_metrics
 
-    def at_input_size(self, size: int) -> "WildsShiftDataset":
+    def at_input_size(self, size: int) -> WildsShiftDataset:
         """Images read and models built at `size` x `size` (e.g. globalwheat below 1024 px for a quick look)."""
         if len(self.input_shape) != 3:
             raise ValueError(f"dataset {self.name!r} has no image size to change (input {self.input_shape})")

@@ -24,7 +24,8 @@ import functools
 import os
 import sys
 import types
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -52,7 +53,7 @@ def apply() -> None:
 
 
 # ----- torch_scatter ------------------------------------------------------------------------------
-def scatter(src: Tensor, index: Tensor, dim: int = -1, dim_size: Optional[int] = None, reduce: str = "sum") -> Tensor:
+def scatter(src: Tensor, index: Tensor, dim: int = -1, dim_size: int | None = None, reduce: str = "sum") -> Tensor:
     """`torch_scatter.scatter` as wilds calls it (a new tensor, no `out=`): empty slots are 0, as in torch_scatter."""
     dim = dim % src.dim()
     size = list(src.shape)

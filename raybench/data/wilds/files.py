@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import urllib.error
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from raybench.data.wilds import compat
 
@@ -88,10 +89,10 @@ def network_reason(err: BaseException) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
-def url_error_in_chain(err: BaseException) -> Optional[urllib.error.URLError]:
+def url_error_in_chain(err: BaseException) -> urllib.error.URLError | None:
     """The first urllib error among `err`, its cause and its context (ogb lets urlopen's errors through)."""
     seen: set[int] = set()
-    current: Optional[BaseException] = err
+    current: BaseException | None = err
     while current is not None and id(current) not in seen:
         if isinstance(current, urllib.error.URLError):
             return current
@@ -100,7 +101,7 @@ def url_error_in_chain(err: BaseException) -> Optional[urllib.error.URLError]:
     return None
 
 
-def raise_root_cause(failures: list[tuple[str, BaseException]], err: Optional[BaseException]) -> None:
+def raise_root_cause(failures: list[tuple[str, BaseException]], err: BaseException | None) -> None:
     """Raise DownloadError for the first recorded failed download, or for a urllib error behind `err`."""
     if failures:
         url, cause = failures[0]

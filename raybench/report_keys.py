@@ -1,0 +1,23 @@
+"""The names a run's reports and records use, declared once.
+
+The trainer writes them, the Ray worker and driver carry them through Tune's results, and results, compare,
+plots and tracking read them back from a sweep's records; every part imports the name from here instead of
+spelling the string itself."""
+from __future__ import annotations
+
+SELECTION_BEST = "selection/best"  # the best selection value so far: what Tune's searcher and schedulers rank
+BEST_PREFIX = "best/"  # a trial's metrics at its selected (best) epoch
+INFO_PREFIX = "info/"  # facts a run reports about itself (its node, why its selection is blind), not measurements
+TIME_PREFIX = "time/"  # seconds a run used, by part
+
+WALL_S = f"{TIME_PREFIX}wall_s"
+CPU_S = f"{TIME_PREFIX}cpu_s"
+GPU_S = f"{TIME_PREFIX}gpu_s"
+NODE = f"{INFO_PREFIX}node"  # the Ray node an epoch ran on (rank 0's), as it names itself
+BLIND_INFO = f"{INFO_PREFIX}selection_blind"
+NOTE_INFO = f"{INFO_PREFIX}selection_note"
+
+STAGE_WEIGHTS_FACT = "weights"  # the stage fact naming its cached weights file (tracking uploads it as an artifact)
+
+# The fact a run carries when its selection metric never moved: choosing an epoch by it chose nothing.
+SELECTION_BLIND = "selection metric constant: selection is blind"
