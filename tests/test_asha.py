@@ -74,7 +74,7 @@ def _first_draws(resolved, seed: int, n: int) -> list[float]:
     return [study.ask({k: optuna_distribution(p) for k, p in resolved.search.items()}).params["lr"] for _ in range(n)]
 
 
-def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_epochs(tmp_path, ray_head,
+def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_epochs(store_uri, tmp_path, ray_head,
                                                                                       shared_data_dir):
     space = tmp_path / "lr3.yaml"
     values = ", ".join(f"{lr:.1e}" for lr in (GOOD_LR, *BAD_LRS))  # 3.0e-03: PyYAML reads 1e-07 as a string
@@ -82,7 +82,7 @@ def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_ep
     resolved = load_space(str(space)).for_dataset(load_dataset("digits-shift", shared_data_dir))
     seed = next(s for s in range(200) if _first_draws(resolved, s, 3)[0] == GOOD_LR
                 and len(set(_first_draws(resolved, s, 3))) == 3)  # the good config first: it sets the rungs' bar
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri
     proc = run_cli(on_head(["sweep", str(space), "--seed", str(seed), "--trials", "3", "--replicates", "1", "--name", "asha",
                     "--max-concurrent", "1", "--scheduler", "asha", "--grace-period", "1", "--reduction-factor", "2",
                     "--executor", "function",  # ASHA is the subject here, not Ray Train

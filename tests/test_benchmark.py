@@ -137,11 +137,11 @@ def test_the_sweeps_shares_of_the_cap_add_up_to_at_most_the_cap_and_reach_each_s
 
 
 # ----- end to end -------------------------------------------------------------------------------------
-def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_their_comparison(tmp_path, sweep_env, capsys):
+def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_their_comparison(store_uri, tmp_path, sweep_env, capsys):
     body = {"name": "grid", "description": "2 x 2 smoke", **SMOKE, "max_concurrent_trials": 2,
             "grid": [{"datasets": ["digits-shift", "spuco-digits"], "spaces": ["erm", str(broken_erm_space(tmp_path))]}]}
     path = write_yaml(tmp_path / "bench.yaml", body)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri
     result = run_cli(["benchmark", str(path), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
                       "--progress-every", "5"], sweep_env, tmp_path, timeout=900)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # one pair failed
@@ -173,13 +173,13 @@ def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_t
         assert cells and all(row[f"{c}.mean"] == own[f"best/{c}"]["mean"] for c in cells)
 
 
-def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, ray_head):
+def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(store_uri, tmp_path, ray_head):
     """On the session's head (`--address`): the sweeps it starts outlive nothing but their benchmark. The 2x2
     test above covers a benchmark on its own private local Ray."""
     body = {"name": "kill", **SMOKE, "max_concurrent_trials": 1,
             "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral"]}]}
     path = write_yaml(tmp_path / "bench.yaml", body)
-    uri, runs = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "runs"
+    uri, runs = store_uri, tmp_path / "runs"
     args = on_head(["benchmark", str(path), "--storage", str(runs), "--tracking-uri", uri, "--progress-every", "5"],
                    ray_head)
     state_file = runs / "kill" / "benchmark.json"
@@ -220,8 +220,8 @@ def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(tmp_path, ray_he
     assert erm_log.count("=====") == 1  # launched once, in the first invocation only
 
 
-def test_a_sweep_refuses_a_parent_run_that_is_not_in_the_store_before_ray_starts(tmp_path, sweep_env):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_sweep_refuses_a_parent_run_that_is_not_in_the_store_before_ray_starts(store_uri, tmp_path, sweep_env):
+    uri = store_uri
     result = run_cli(["sweep", "erm", "--smoke", "--executor", "function", "--storage", str(tmp_path / "runs"),
                       "--tracking-uri", uri, "--parent-run", "0123456789abcdef0123456789abcdef"], sweep_env, tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]

@@ -22,6 +22,7 @@ from clusters import (
     CLUSTER,
     PORT_VARS,
     RAY_DEFAULT_PORTS,
+    LocalHead,
     alive,
     answers,
     cluster_env,
@@ -120,7 +121,8 @@ def test_worker_nodes_take_the_blocks_after_the_heads_and_bad_settings_are_refus
 
     for bad, named in (({"RAYBENCH_WORKER_CPUS": "0"}, "RAYBENCH_WORKER_CPUS"),
                        ({"RAYBENCH_WORKER_NODES": "two"}, "RAYBENCH_WORKER_NODES"),
-                       ({"RAYBENCH_WORKER_RESOURCES": "[1]"}, "RAYBENCH_WORKER_RESOURCES")):
+                       ({"RAYBENCH_WORKER_RESOURCES": "[1]"}, "RAYBENCH_WORKER_RESOURCES"),
+                       ({"RAYBENCH_MLFLOW_WORKERS": "0"}, "RAYBENCH_MLFLOW_WORKERS")):
         refused = script("local-up.sh", {**env, **bad}, timeout=60)
         assert refused.returncode == 2 and named in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and refused.stderr.startswith("local-up: "), refused.stderr
@@ -131,21 +133,20 @@ def test_worker_nodes_take_the_blocks_after_the_heads_and_bad_settings_are_refus
     assert not (fake_bin / "ran").exists(), "a refusal started something: " + (fake_bin / "ran").read_text()
 
 
-def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env, tmp_path, capsys):
-    """Two local heads side by side (each with its own MLflow server and ports). Each takes a probe job that
-    names its GCS; cluster a, started in an empty RAY_TEMP_DIR it adopts, also runs cluster/rayjob.yaml's own
-    sweep entrypoint against its HTTP MLflow server. Stopping a leaves b whole; stopping b leaves nothing."""
-    base_a = free_port_base()
-    base_b = free_port_base(avoid=(base_a,))
+def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env, tmp_path, capsys, ray_head):
+    """A second local head beside the session's (each with its own MLflow server and ports). Each takes a probe
+    job that names its GCS; the new one, started in an empty RAY_TEMP_DIR it adopts, also runs cluster/rayjob.yaml's
+    own sweep entrypoint against its HTTP MLflow server. Stopping it leaves the session's head whole; the session's
+    teardown (conftest.ray_head) then checks that stopping that one leaves nothing."""
     ray_tmp_a = sweep_env["RAY_TMPDIR"]  # an empty folder given as RAY_TEMP_DIR is adopted (and marked)
-    envs = {"a": cluster_env(sweep_env, tmp_path, "a", base_a, RAY_TEMP_DIR=ray_tmp_a),
-            "b": cluster_env(sweep_env, tmp_path, "b", base_b)}
+    envs = {"a": cluster_env(sweep_env, tmp_path, "a", free_port_base(avoid=(port_base_of(ray_head),)),
+                             RAY_TEMP_DIR=ray_tmp_a),
+            "b": dict(ray_head.env)}
     plans = {name: port_plan(env) for name, env in envs.items()}
-    states = {name: Path(env["RAYBENCH_CLUSTER_DIR"]) for name, env in envs.items()}
+    states = {"a": Path(envs["a"]["RAYBENCH_CLUSTER_DIR"]), "b": ray_head.state}
     try:
-        for name, env in envs.items():
-            up = script("local-up.sh", env)
-            assert up.returncode == 0, f"cluster {name}: {up.stderr}{up.stdout}"
+        up = script("local-up.sh", envs["a"])
+        assert up.returncode == 0, f"cluster a: {up.stderr}{up.stdout}"
         for name, env in envs.items():
             plan, state = plans[name], states[name]
             ray_tmp = Path((state / "ray_temp_dir").read_text().strip())
@@ -178,16 +179,14 @@ def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env,
         assert not processes_under(ray_tmp_a) and not Path(ray_tmp_a).exists(), "local-down.sh kept a's temp dir"
         assert not [role for role, port in plans["a"].items() if not role.endswith("_WORKER_PORT") and answers(port)]
         assert not {"ray_temp_dir", "ray.pids", "mlflow.pid"} & {p.name for p in states["a"].iterdir()}
-        assert all(alive(pid, created) for pid, created in pids_b), "stopping cluster a hit cluster b"
+        assert all(alive(pid, created) for pid, created in pids_b), "stopping cluster a hit the session's head"
         assert answers(plans["b"]["RAY_PORT"]) and answers(plans["b"]["MLFLOW_PORT"])
-
-        down = script("local-down.sh", envs["b"], timeout=180)
-        assert down.returncode == 0, down.stderr
-        assert not [pid for pid, created in pids_b if alive(pid, created)], "local-down.sh left Ray processes of b"
-        assert not [role for role, port in plans["b"].items() if not role.endswith("_WORKER_PORT") and answers(port)]
     finally:
-        for env in envs.values():
-            script("local-down.sh", env, timeout=180)  # a no-op for a cluster already stopped
+        script("local-down.sh", envs["a"], timeout=180)  # a no-op for a cluster already stopped
+
+
+def port_base_of(head: LocalHead) -> int:
+    return int(head.env["RAYBENCH_PORT_BASE"])
 
 
 @pytest.fixture

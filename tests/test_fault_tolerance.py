@@ -36,8 +36,8 @@ def _epochs_logged(uri: str) -> list[int]:
     return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "val/acc"))
 
 
-def test_a_killed_worker_is_retried_from_its_last_checkpoint(tmp_path, sweep_env):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def test_a_killed_worker_is_retried_from_its_last_checkpoint(store_uri, tmp_path, sweep_env):
+    uri = store_uri
     args = ["sweep", "erm", "--trials", "1", "--replicates", "0", "--name", "crash", "--storage", str(tmp_path / "runs"),
             "--tracking-uri", uri, "--set", "epochs=4", "--set", "max_steps_per_epoch=80", "--set", "patience=none"]
     proc = subprocess.Popen([str(BIN / "raybench"), *args], env=sweep_env, cwd=tmp_path, start_new_session=True,

@@ -20,10 +20,10 @@ NAME = "ctrlc"
 WAIT_S = 420
 
 
-def _args(tmp_path: Path) -> list[str]:
+def _args(uri: str, tmp_path: Path) -> list[str]:
     return ["sweep", "erm", "--trials", "2", "--replicates", "2", "--max-concurrent", "1", "--name", NAME,
             "--executor", "function",  # the interrupt and the resume are the subject here, not Ray Train
-            "--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+            "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
             "--set", "epochs=2", "--set", "max_steps_per_epoch=20", "--set", "patience=none"]
 
 
@@ -69,9 +69,9 @@ def _assert_interrupted(proc: subprocess.CompletedProcess, uri: str, stage: str,
     assert ("sweep", "KILLED") in statuses and not any(status == "RUNNING" for _, status in statuses), statuses
 
 
-def test_ctrl_c_in_search_then_sigterm_in_replicates_then_resume(tmp_path, sweep_env, capsys):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    args = _args(tmp_path)
+def test_ctrl_c_in_search_then_sigterm_in_replicates_then_resume(store_uri, tmp_path, sweep_env, capsys):
+    uri = store_uri
+    args = _args(uri, tmp_path)
 
     search_cut = _interrupt_after(tmp_path, sweep_env, args, f"{NAME}-search")
     _assert_interrupted(search_cut, uri, "search", signal.SIGINT)

@@ -55,6 +55,7 @@ def page_text(dom: str) -> str:
 def test_the_ui_opens_on_the_sweeps_runs_and_serves_its_plots(tmp_path, ray_head, mlflow_server):
     binary = chromium_binary()
     done = run_cli(on_head(["sweep", "erm", "--smoke", "--trials", "2", "--replicates", "1", "--executor", "function",
+                            "--max-concurrent", "1",  # one trial actor, reused: the UI is the subject
                             "--name", "ui-check", "--storage", str(tmp_path / "runs"), "--tracking-uri", mlflow_server],
                            ray_head), ray_head.env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 from clusters import alive, free_port_base, port_is_free, port_plan, recorded, script
-from conftest import BIN, signal_and_wait, stop_processes_under
+from conftest import BIN, seeded_store, signal_and_wait, stop_processes_under
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.timeout(1500)
@@ -195,11 +195,6 @@ def finish(proc: subprocess.Popen, what: str) -> str:
     return output
 
 
-def scores(replicate_summary: dict[str, Any]) -> dict[str, Any]:
-    """The replicates' metrics without their timing, which no two runs share."""
-    return {k: v for k, v in replicate_summary.items() if not k.startswith("time/")}
-
-
 def table(summary: dict[str, Any]) -> list[tuple]:
     """What a user compares between two sweeps: the trials in order, their configs, statuses and values."""
     return [(t["trial_id"], json.dumps(t["sampled"], sort_keys=True), t["status"], t["selection_value"], t["best_epoch"])
@@ -207,7 +202,7 @@ def table(summary: dict[str, Any]) -> list[tuple]:
 
 
 # ----- trials land where they are asked to ------------------------------------------------------------------------
-def test_two_nodes_join_and_trials_land_on_the_worker_node_by_its_resource(two_nodes, tmp_path):
+def test_two_nodes_join_and_trials_land_on_the_worker_node_by_its_resource(store_uri, two_nodes, tmp_path):
     two_nodes.ensure_worker_node()
     nodes = subprocess.run(
         [str(BIN / "python"), "-c", "import json, ray; ray.init(address='" + two_nodes.gcs + "', log_to_driver=False); "
@@ -219,7 +214,7 @@ def test_two_nodes_join_and_trials_land_on_the_worker_node_by_its_resource(two_n
     assert found[WORKER]["raybench_worker"] == 1 and found[WORKER]["CPU"] == 1 and "trial_driver" not in found[WORKER]
     assert found["head"]["trial_driver"] >= 1 and "raybench_worker" not in found["head"]
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri
     proc = two_nodes.sweep("erm", "--smoke", "--trials", "2", "--replicates", "0", "--executor", "function",
                            "--worker-resource", "raybench_worker=1", "--name", "placed", "--storage",
                            str(tmp_path / "runs"), "--tracking-uri", uri, cwd=tmp_path)
@@ -230,7 +225,8 @@ def test_two_nodes_join_and_trials_land_on_the_worker_node_by_its_resource(two_n
 
 
 # ----- a worker node lost mid-sweep --------------------------------------------------------------------------------
-NODE_LOSS = ["erm", "--trials", "3", "--replicates", "1", "--seed", "3", "--max-concurrent", "2",
+# No replicates: the node is lost in the search, and selection is what the uninterrupted sweep must agree on.
+NODE_LOSS = ["erm", "--trials", "3", "--replicates", "0", "--seed", "3", "--max-concurrent", "2",
              "--set", "epochs=3", "--set", "max_steps_per_epoch=60", "--set", "patience=none"]
 
 
@@ -243,11 +239,11 @@ def running_on_worker_mid_trial(uri: str, sweep: str) -> Any:
     return None
 
 
-def test_a_lost_worker_node_moves_its_trials_to_a_surviving_node_from_their_checkpoints(two_nodes, tmp_path):
+def test_a_lost_worker_node_moves_its_trials_to_a_surviving_node_from_their_checkpoints(store_uri, two_nodes, tmp_path):
     """Train executor, a checkpoint every epoch: the node dies (raylet, object store, workers) and the sweep
     ends as an uninterrupted one with the same seed: same trials, configs, values and selection."""
     two_nodes.ensure_worker_node()
-    storage, uri = tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db"
+    storage, uri = tmp_path / "runs", store_uri
     lost = two_nodes.sweep(*NODE_LOSS, "--name", "lost", "--storage", str(storage), "--tracking-uri", uri, cwd=tmp_path)
     try:
         victim = wait_for("a trial on worker-1 with a checkpointed epoch and epochs to go, or the sweep's end",
@@ -264,7 +260,6 @@ def test_a_lost_worker_node_moves_its_trials_to_a_surviving_node_from_their_chec
     summary = summary_of(storage, "lost")
     assert len(summary["trials"]) == 3 and len({t["trial_id"] for t in summary["trials"]}) == 3, output[-3000:]
     assert all(t["status"] == "ok" for t in summary["trials"]), summary["trials"]
-    assert summary["replicates"]["ok"] == 1 and len(summary["replicates"]["runs"]) == 1
 
     # MLflow: each trial once, every epoch once; the lost one carried on from its checkpoint on the head.
     search = runs_of(uri, "search", "lost")
@@ -274,7 +269,6 @@ def test_a_lost_worker_node_moves_its_trials_to_a_surviving_node_from_their_chec
         {r.data.tags["trial_id"]: epochs_logged(uri, r.info.run_id) for r in search}
     moved = next(r for r in search if r.info.run_id == victim.info.run_id)
     assert moved.data.tags["raybench.nodes"] == f"{WORKER},head", (epochs_before, moved.data.tags)
-    assert len(runs_of(uri, "replicate", "lost")) == 1
 
     # The same sweep, never interrupted (worker-1 back): the same table and the same selection. It runs the
     # same trainer on the same configs and seeds through the function executor, in a fraction of the time.
@@ -285,24 +279,23 @@ def test_a_lost_worker_node_moves_its_trials_to_a_surviving_node_from_their_chec
     reference = summary_of(storage, "calm")
     assert table(summary) == table(reference)
     assert summary["selected"]["trial_id"] == reference["selected"]["trial_id"]
-    assert scores(summary["replicates"]["summary"]) == scores(reference["replicates"]["summary"])
 
 
 # ----- the head restarted under GCS fault tolerance ----------------------------------------------------------------
 def assert_complete_once(storage: Path, uri: str, name: str, trials: int, epochs: int) -> None:
-    """Every trial once and ok, every epoch of every trial once in MLflow, the replicate done."""
+    """Every trial once and ok, every epoch of every trial once in MLflow, the sweep finished."""
     summary = summary_of(storage, name)
     ids = [t["trial_id"] for t in summary["trials"]]
     assert len(ids) == trials and len(set(ids)) == trials and all(t["status"] == "ok" for t in summary["trials"])
-    assert summary["replicates"]["ok"] == 1 and len(summary["replicates"]["runs"]) == 1
+    assert summary["state"] == "finished", summary["state"]
     search = runs_of(uri, "search", name)
     assert sorted(r.data.tags["trial_id"] for r in search) == sorted(ids), f"{name}: a trial was duplicated or lost in MLflow"
-    assert all(r.info.status == "FINISHED" for r in search + runs_of(uri, "replicate", name))
+    assert all(r.info.status == "FINISHED" for r in search)
     assert {r.data.tags["trial_id"]: epochs_logged(uri, r.info.run_id) for r in search} == \
         {trial: list(range(epochs)) for trial in ids}, f"{name}: an epoch was lost or logged twice"
 
 
-def test_a_head_restart_is_survived_by_a_driver_off_the_head_and_resumed_by_one_on_it(two_nodes, tmp_path):
+def test_a_head_restart_is_survived_by_a_driver_off_the_head_and_resumed_by_one_on_it(two_nodes, tmp_path, empty_store):
     """Two sweeps at once; the head's Ray processes (GCS, raylet and the trials under it, dashboard) are SIGKILLed
     mid-search and started again by `local-up.sh --restart-head`, the GCS reloading its tables from Redis.
     The driver on worker-1 waits for the GCS and finishes on its own: its trial on the head is retried. The
@@ -310,10 +303,11 @@ def test_a_head_restart_is_survived_by_a_driver_off_the_head_and_resumed_by_one_
     waiting forever, and `--resume` completes it. Both: every trial once, every epoch once in MLflow."""
     two_nodes.ensure_worker_node()
     storage, epochs = tmp_path / "runs", 3
-    uris = {name: f"sqlite:///{tmp_path}/{name}.db" for name in ("off", "on")}
+    uris = {name: seeded_store(empty_store, tmp_path / f"{name}.db") for name in ("off", "on")}
     # One trial at a time: once a sweep has finished its first trial, three are still to run while the test waits
     # for the other sweep to get as far (with two at a time, the faster sweep had finished by then under load).
-    args = {name: ["erm", "--smoke", "--trials", "4", "--replicates", "1", "--executor", "function", "--max-concurrent",
+    # No replicates: the head dies in the search, which both sweeps must finish with every trial and epoch once.
+    args = {name: ["erm", "--smoke", "--trials", "4", "--replicates", "0", "--executor", "function", "--max-concurrent",
                    "1", "--set", f"epochs={epochs}", "--name", name, "--storage", str(storage), "--tracking-uri", uri]
             for name, uri in uris.items()}
     sweeps = {"off": two_nodes.sweep(*args["off"], cwd=tmp_path, on_worker_node=True),
@@ -350,12 +344,12 @@ def test_a_head_restart_is_survived_by_a_driver_off_the_head_and_resumed_by_one_
 
 
 # ----- one stage-cache entry for two trials on two nodes -----------------------------------------------------------
-def test_two_trials_on_two_nodes_train_their_shared_reference_model_once(two_nodes, tmp_path):
+def test_two_trials_on_two_nodes_train_their_shared_reference_model_once(store_uri, two_nodes, tmp_path):
     """JTT's reference ERM model depends on T_r and its lr and weight decay (the trial's own unless set): with
     those fixed, two concurrent trials (one per node, each node having one CPU) need the same one. One trains
     it, the other waits on the lock and loads it."""
     two_nodes.ensure_worker_node()
-    storage, uri = tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db"
+    storage, uri = tmp_path / "runs", store_uri
     proc = two_nodes.sweep("jtt", "--dataset", "spuco-digits", "--smoke", "--trials", "2", "--replicates", "0",
                            "--executor", "function", "--set", "reference_epochs=1", "--set", "reference_lr=0.01",
                            "--set", "reference_weight_decay=0.01", "--set", "upsample=5", "--name", "shared",

@@ -21,10 +21,10 @@ RAY_DUMP = "SIGTERM received"  # Ray's native failure-signal handler's dump
 LONGER_TRIALS = ["--set", "epochs=3", "--set", "max_steps_per_epoch=20"]  # a trial still runs when the signal lands
 
 
-def _sweep_args(tmp_path: Path, name: str) -> list[str]:
+def _sweep_args(uri: str, tmp_path: Path, name: str) -> list[str]:
     return ["sweep", "erm", "--smoke", "--executor", "function", "--trials", "1", "--replicates", "0",
             "--name", name, "--storage", str(tmp_path / "runs"),
-            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", *LONGER_TRIALS]
+            "--tracking-uri", uri, *LONGER_TRIALS]
 
 
 def _start(args: list[str], env: dict, cwd: Path) -> subprocess.Popen:
@@ -62,14 +62,14 @@ def _finish(proc: subprocess.Popen) -> tuple[str, str]:
 
 
 # ----- SIGTERM ------------------------------------------------------------------------------------------------
-def test_sigterm_stops_a_benchmark_and_each_of_its_sweeps_as_interrupted(tmp_path, sweep_env):
+def test_sigterm_stops_a_benchmark_and_each_of_its_sweeps_as_interrupted(store_uri, tmp_path, sweep_env):
     """The benchmark on a private Ray of its own (its ray.init and its sweep's both see the SIGTERM through)."""
     body = {"name": "term", "selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function", "smoke": True,
             "max_concurrent_trials": 1, "set": {"epochs": 3, "max_steps_per_epoch": 20},
             "grid": [{"datasets": ["digits-shift"], "spaces": ["erm"]}]}
     path = tmp_path / "bench.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
-    uri, runs_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "runs"
+    uri, runs_dir = store_uri, tmp_path / "runs"
     proc = _start(["benchmark", str(path), "--storage", str(runs_dir), "--tracking-uri", uri], sweep_env, tmp_path)
     try:
         running = _trial_mid_run(proc, runs_dir / "term-erm-digits-shift-search", uri)
@@ -122,13 +122,13 @@ def test_the_recorded_processes_of_a_dead_driver_are_stopped_and_a_live_drivers_
             child.wait()
 
 
-def test_after_a_sigkill_results_says_so_and_the_resume_stops_the_dead_drivers_leftovers_and_completes(
+def test_after_a_sigkill_results_says_so_and_the_resume_stops_the_dead_drivers_leftovers_and_completes(store_uri, 
         tmp_path, sweep_env, capsys):
     """Ray's agents outlive a SIGKILLed driver by about a minute here (90 s seen elsewhere). `results` calls the
     sweep interrupted because its driver is gone and prints the resume line; that resume, a private start a
     minute sooner, stops the leftovers by the dead driver's record and finishes the one trial, every epoch once."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    proc = _start(_sweep_args(tmp_path, "kill9"), sweep_env, tmp_path)
+    uri = store_uri
+    proc = _start(_sweep_args(uri, tmp_path, "kill9"), sweep_env, tmp_path)
     try:
         _trial_mid_run(proc, tmp_path / "runs" / "kill9-search", uri)
         session = psutil.Process(proc.pid).children(recursive=True)  # its Ray, trials and agents included
@@ -140,7 +140,7 @@ def test_after_a_sigkill_results_says_so_and_the_resume_stops_the_dead_drivers_l
     assert "INTERRUPTED (its driver process is gone)" in shown.stderr + shown.stdout, shown.stderr + shown.stdout
     assert "resume with: raybench sweep erm" in shown.stderr + shown.stdout and "--resume" in shown.stderr + shown.stdout
 
-    resumed = subprocess.run([str(BIN / "raybench"), *_sweep_args(tmp_path, "kill9"), "--resume"], env=sweep_env,
+    resumed = subprocess.run([str(BIN / "raybench"), *_sweep_args(uri, tmp_path, "kill9"), "--resume"], env=sweep_env,
                              cwd=tmp_path, capture_output=True, text=True, timeout=WAIT_S)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _, alive = psutil.wait_procs(session, timeout=20)

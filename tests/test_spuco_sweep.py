@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from clusters import LocalHead
-from conftest import cli, on_head, run_cli
+from conftest import cli, on_head, run_cli, seeded_store
 from mlflow.tracking import MlflowClient
 
 
 def _sweep(space: str, workdir: Path, head: LocalHead, *extra: str) -> dict:
     uri = f"sqlite:///{workdir}/mlflow.db"
     proc = run_cli(on_head(["sweep", space, "--dataset", "spuco-digits", "--smoke", "--trials", "2", "--replicates", "1",
-                            "--executor", "function", "--name", space, "--storage", str(workdir / "runs"),
+                            "--max-concurrent", "1", "--executor", "function", "--name", space, "--storage", str(workdir / "runs"),
                             "--tracking-uri", uri, *extra], head), head.env, workdir)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((workdir / "runs" / space / "results" / "summary.json").read_text())
@@ -26,14 +26,18 @@ def _sweep(space: str, workdir: Path, head: LocalHead, *extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def gb_sweep(tmp_path_factory, ray_head):
-    return _sweep("gb", tmp_path_factory.mktemp("gb"), ray_head)
+def gb_sweep(tmp_path_factory, ray_head, empty_store):
+    workdir = tmp_path_factory.mktemp("gb")
+    seeded_store(empty_store, workdir / "mlflow.db")
+    return _sweep("gb", workdir, ray_head)
 
 
 @pytest.fixture(scope="module")
-def jtt_sweep(tmp_path_factory, ray_head):
+def jtt_sweep(tmp_path_factory, ray_head, empty_store):
+    workdir = tmp_path_factory.mktemp("jtt")
+    seeded_store(empty_store, workdir / "mlflow.db")
     # A smoke reference errs on most of the training set: at S_r = 800 each epoch would shuffle ~30 million indices.
-    return _sweep("jtt", tmp_path_factory.mktemp("jtt"), ray_head, "--set", "upsample=5")
+    return _sweep("jtt", workdir, ray_head, "--set", "upsample=5")
 
 
 def _runs(sweep: dict, filter_string: str) -> list:

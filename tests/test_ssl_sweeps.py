@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from clusters import LocalHead
-from conftest import MINILM_FOLDER, on_head, run_cli
+from conftest import MINILM_FOLDER, on_head, run_cli, seeded_store
 from mlflow.tracking import MlflowClient
 from wilds_fixtures import write_all
 
@@ -35,26 +35,28 @@ class Case:
     space: str
     dataset: str
     sets: tuple[str, ...]
-    runs: tuple[int, int] = (2, 1)  # trials, replicates: three runs that must share one pre-training
+    runs: tuple[int, int] = (2, 1)  # trials, replicates: runs that must share one pre-training
     wilds: bool = False  # a WILDS dataset, read from exact-format fixtures under the sweep's data_dir
 
 
 # One sweep per pre-training family: SwAV (images), masked LM (text, on the real MiniLM) and e-Mix (DABS). Masked
 # LM runs on civilcomments, where WILDS 2.0 ran it, from its exact-format fixture: text-shift would evaluate 3,500
 # texts with MiniLM every epoch (its MLM path is trained in test_mlm.py). The WILDS datasets' acceptance of SwAV
-# and masked LM is tested in-process in test_wilds_datasets.py.
+# and masked LM is tested in-process in test_wilds_datasets.py. SwAV runs two trials at once, which race for the one
+# pre-training; masked LM and e-Mix one trial and one replicate, whose pre-training crosses from search to replicates.
 SMALL_MLM = ("pretrain_epochs=1", "pretrain_steps=2", "pretrain_batch_size=4", "pretrain_grad_accum=1", "batch_size=4",
              "eval_batch_size=16", f"model_weights={MINILM_FOLDER}")
 CASES = {
     "swav-digits": Case("swav", "digits-shift", ("pretrain_epochs=2",)),
-    "mlm-civilcomments": Case("mlm", "civilcomments", SMALL_MLM, wilds=True),
-    "emix-digits": Case("emix", "digits-shift", ("pretrain_epochs=1",)),
+    "mlm-civilcomments": Case("mlm", "civilcomments", SMALL_MLM, runs=(1, 1), wilds=True),
+    "emix-digits": Case("emix", "digits-shift", ("pretrain_epochs=1",), runs=(1, 1)),
 }
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def ssl_sweep(request, tmp_path_factory, ray_head):
+def ssl_sweep(request, tmp_path_factory, ray_head, empty_store):
     case, workdir = CASES[request.param], tmp_path_factory.mktemp(request.param)
+    seeded_store(empty_store, workdir / "mlflow.db")
     sets = list(case.sets)
     if case.wilds:
         write_all(workdir / "data" / "wilds")
@@ -90,8 +92,10 @@ def test_every_run_has_a_nested_pretraining_and_one_trained_it(ssl_sweep):
 
 
 @pytest.fixture(scope="module")
-def probe_sweep(tmp_path_factory, ray_head):
-    return _sweep("newt_probe", "digits-shift", ["c_grid=0.01,1"], (1, 2), tmp_path_factory.mktemp("probe"), ray_head)
+def probe_sweep(tmp_path_factory, ray_head, empty_store):
+    workdir = tmp_path_factory.mktemp("probe")
+    seeded_store(empty_store, workdir / "mlflow.db")
+    return _sweep("newt_probe", "digits-shift", ["c_grid=0.01,1"], (1, 2), workdir, ray_head)
 
 
 def test_a_probe_sweep_records_each_runs_chosen_c_in_a_nested_probe_run(probe_sweep):

@@ -107,9 +107,9 @@ def test_ray_uploads_to_a_full_disk_leave_the_previous_file_and_free_their_space
 
 
 # ----- a sweep that fills its --storage --------------------------------------------------------------------
-def _args(tmp_path: Path, storage: Path) -> list[str]:
+def _args(uri: str, tmp_path: Path, storage: Path) -> list[str]:
     return ["sweep", "erm", "--smoke", "--max-concurrent", "1", "--name", NAME, "--executor", "function",
-            "--storage", str(storage), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+            "--storage", str(storage), "--tracking-uri", uri]
 
 
 def _first_checkpoint(storage: Path) -> list[Path]:
@@ -141,10 +141,10 @@ def _runs(uri: str) -> list:
     return client.search_runs([client.get_experiment_by_name("raybench").experiment_id], "")
 
 
-def test_a_sweep_whose_storage_fills_stops_in_one_line_and_resumes_exactly(tmp_path, ray_head, capsys):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"  # the tracking store stays outside the full folder
+def test_a_sweep_whose_storage_fills_stops_in_one_line_and_resumes_exactly(store_uri, tmp_path, ray_head, capsys):
+    uri = store_uri  # the tracking store stays outside the full folder
     with small_tmpfs(tmp_path / "storage", TMPFS_MB) as storage:
-        args = on_head(_args(tmp_path, storage), ray_head)
+        args = on_head(_args(uri, tmp_path, storage), ray_head)
         stopped, filler = _run_until_full(args, ray_head.env, tmp_path, storage)
 
         assert stopped.returncode == 74, stopped.stderr[-4000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
-from conftest import cli, on_head, run_cli
+from conftest import cli, on_head, run_cli, seeded_store
 from mlflow.tracking import MlflowClient
 
 from raybench.data import load_dataset
@@ -24,12 +24,12 @@ SEED = 3
 
 
 @pytest.fixture(scope="module")
-def smoke_sweep(tmp_path_factory, ray_head):
+def smoke_sweep(tmp_path_factory, ray_head, empty_store):
     """One smoke sweep of DANN through the Ray Train executor (2 trials x 4 steps x 2 epochs, 2 replicates), on
     the session's Ray head as a sweep on a cluster runs."""
     workdir = tmp_path_factory.mktemp("sweep")
     env = dict(ray_head.env)
-    uri = f"sqlite:///{workdir}/mlflow.db"
+    uri = seeded_store(empty_store, workdir / "mlflow.db")
     proc = run_cli(on_head(["sweep", "dann", "--smoke", "--seed", str(SEED), "--name", "smoke", "--storage",
                             str(workdir / "runs"), "--tracking-uri", uri], ray_head), env, workdir)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -185,7 +185,7 @@ def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_
 
     shutil.copy(smoke_sweep["dir"] / "mlflow.db", tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    second = run_cli(on_head(["sweep", "erm", "--smoke", "--executor", "function", "--name", "smoke-erm", "--storage",
+    second = run_cli(on_head(["sweep", "erm", "--smoke", "--executor", "function", "--max-concurrent", "1", "--name", "smoke-erm", "--storage",
                               str(tmp_path / "runs"), "--tracking-uri", uri], ray_head), ray_head.env, tmp_path)
     assert second.returncode == 0, second.stderr[-4000:]
     own = {name: json.loads(cli(["results", name, "--format", "json", "--tracking-uri", uri], capsys).stdout)["replicates"]["summary"] for name in ("smoke", "smoke-erm")}
@@ -220,7 +220,7 @@ def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_
     assert missing.returncode == 2 and missing.stderr.strip() == "raybench: error: compare: no sweep named 'nope' in the tracking store"
 
 
-def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_head, shared_data_dir):
+def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(store_uri, tmp_path, ray_head, shared_data_dir):
     space = tmp_path / "diverge.yaml"
     # plain SGD with a weight decay of 1000: at lr 10 (the largest a setting accepts) every step multiplies the
     # weights by about -1e4, so the loss overflows within a few steps; at lr 0.001 it trains
@@ -228,7 +228,7 @@ def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_head,
                      "fixed:\n  optimizer: sgd\n  weight_decay: 1000.0\n")
     resolved = load_space(str(space)).for_dataset(load_dataset("digits-shift", shared_data_dir))
     seed = next(s for s in range(100) if {p["lr"] for p in _replay(resolved, s, 2)} == {0.001, 10.0})
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri
     proc = run_cli(on_head(["sweep", str(space), "--smoke", "--seed", str(seed), "--replicates", "0", "--name", "nan",
                             "--workers-per-trial", "2",  # DDP under Ray Train: all ranks must stop together
                             "--storage", str(tmp_path / "runs"), "--tracking-uri", uri], ray_head), ray_head.env, tmp_path)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, on_head
+from conftest import BIN, on_head, seeded_store
 from mlflow.tracking import MlflowClient
 
 from raybench.cli import main
@@ -67,10 +67,11 @@ def data_dir(shared_data_dir):
 
 
 @pytest.fixture(scope="module")
-def base_sweep(tmp_path_factory, ray_head, data_dir):
+def base_sweep(tmp_path_factory, ray_head, data_dir, empty_store):
     """The sweep `base` on a fresh store: while its driver runs, a second `sweep --name base` and a `--resume` of
     it are tried in this process; then the first driver is left to finish."""
     workdir = tmp_path_factory.mktemp("ownership")
+    seeded_store(empty_store, workdir / "mlflow.db")
     args = on_head(sweep_args(workdir), ray_head)
     proc = subprocess.Popen([str(BIN / "raybench"), *args], env=dict(ray_head.env), cwd=workdir,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -25,8 +25,8 @@ def _runs(uri: str) -> list:
 
 
 @pytest.mark.parametrize("executor", ["train", "function"])
-def test_a_gpu_request_on_a_cpu_cluster_is_refused_before_any_trial(executor, tmp_path, ray_head):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def test_a_gpu_request_on_a_cpu_cluster_is_refused_before_any_trial(store_uri, executor, tmp_path, ray_head):
+    uri = store_uri
     proc = run_cli(on_head(["sweep", "erm", *SMOKE, "--executor", executor, "--gpus-per-worker", "2", "--storage",
                             str(tmp_path / "runs"), "--tracking-uri", uri], ray_head), ray_head.env, tmp_path, timeout=180)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -63,8 +63,8 @@ def test_a_dead_address_fails_fast_with_one_line(tmp_path, sweep_env):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists(), "refused after writing"
 
 
-def test_a_divergence_is_recorded_once_not_retried(tmp_path, ray_head):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def test_a_divergence_is_recorded_once_not_retried(store_uri, tmp_path, ray_head):
+    uri = store_uri
     proc = run_cli(on_head(["sweep", "erm", *SMOKE, "--replicates", "0", "--executor", "function", "--name", "nan",
                             "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--set", "lr=10", "--set", "optimizer=sgd",
                             "--set", "weight_decay=1000"], ray_head),  # SGD, lr 10 x decay 1000: overflows
@@ -103,9 +103,9 @@ def test_credentials_never_appear_in_params_tags_logs_or_console(tmp_path, sweep
     assert shown.returncode == 0 and "s3cr3t-pw" not in shown.stdout + shown.stderr
 
 
-def test_a_name_with_a_quote_round_trips_through_the_tracking_store(tmp_path):
+def test_a_name_with_a_quote_round_trips_through_the_tracking_store(store_uri, tmp_path):
     """The CLI refuses such names, but the library tracks any name: filters are quoted, not pasted."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri
     tracker = SweepTracker(uri)
     name = "o'brien"
     tracker.start_sweep(name, params={}, tags={})
@@ -137,13 +137,13 @@ def record_sweep(uri: str, name: str, summary_text: str, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("damaged", ['{"name": "cut", "dataset": "digits-', "[]", "{}"])
-def test_one_damaged_summary_is_named_and_skipped_and_the_other_sweeps_are_read(damaged, tmp_path):
+def test_one_damaged_summary_is_named_and_skipped_and_the_other_sweeps_are_read(store_uri, damaged, tmp_path):
     """A summary.json cut in half, or replaced by [] or {}, once broke `results` and `compare` for the whole
     store; now that sweep is one line naming it and the file, and the others read as before."""
     from raybench.sweep import compare
     from raybench.tracking import DamagedRecord, find_sweeps
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri
     good = {"name": "good", "dataset": "digits-shift", "algorithm": "erm", "selection": {"strategy": "best_epoch"},
             "trials": [], "selected": None, "replicates": {"seeds": [], "ok": 0, "runs": [], "summary": {}}}
     record_sweep(uri, "good", json.dumps(good), tmp_path)
@@ -190,10 +190,10 @@ def test_trials_that_all_score_the_same_make_the_search_blind():
     assert results.blindness([*tied, {"status": "ok", "selection_value": 0.25}]) is None
 
 
-def test_a_trial_whose_selection_metric_never_moves_is_tagged_blind(tmp_path, ray_head):
+def test_a_trial_whose_selection_metric_never_moves_is_tagged_blind(store_uri, tmp_path, ray_head):
     """lr 1e-12 on spuco-digits' LeNet-5 (no batch norm, whose running statistics would move even then): the
     weights do not move, so validation worst-group accuracy is the same at every epoch."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri
     proc = run_cli(on_head(["sweep", "erm", "--dataset", "spuco-digits", *SMOKE, "--replicates", "0", "--executor",
                             "function", "--name", "still", "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
                             "--set", "lr=1e-12"], ray_head), ray_head.env, tmp_path)

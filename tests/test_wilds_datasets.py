@@ -190,14 +190,14 @@ def local_ray(sweep_root):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_one_trial_smoke_sweep(name, local_ray, tmp_path):
+def test_one_trial_smoke_sweep(store_uri, name, local_ray, tmp_path):
     """Two training steps of the paper's model through the trainer, scored by the dataset's own eval."""
     from raybench.cli import main
 
     settings = {"batch_size": 4, "epochs": 1, "max_steps_per_epoch": 2, "eval_batch_size": 16, **QUICK[name]}
     args = ["sweep", "erm", "--dataset", name, "--trials", "1", "--replicates", "0", "--executor", "function",
             "--max-concurrent", "1", "--name", "smoke", "--storage", str(tmp_path / "runs"),
-            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+            "--tracking-uri", store_uri]
     args += [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
     assert main(args) == 0
     summary = json.loads((tmp_path / "runs" / "smoke" / "results" / "summary.json").read_text())
