@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from raybench.checkpoints import load_state_dict_into
 from raybench.data import load_dataset
 from raybench.models import ModelSpec, build_model
 from raybench.trainer import Callback, TrainConfig, Trainer
-from raybench.trainer.checkpoints import load_state_dict_into
 from raybench.trainer.stages import StageCache
 
 

@@ -21,3 +21,8 @@ STAGE_WEIGHTS_FACT = "weights"  # the stage fact naming its cached weights file 
 
 # The fact a run carries when its selection metric never moved: choosing an epoch by it chose nothing.
 SELECTION_BLIND = "selection metric constant: selection is blind"
+
+# A sweep's results/summary.json says which shape it has. Version 1 added the key itself; a summary without it
+# was written before (version 0) and has the same keys, so both load. A reader refuses a newer one by name.
+SCHEMA_VERSION = "schema_version"
+SUMMARY_SCHEMA = 1

@@ -38,7 +38,7 @@ logging.getLogger("alembic").setLevel(logging.WARNING)
 
 import raybench
 from raybench.paths import writable_dir_problem
-from raybench.report_keys import STAGE_WEIGHTS_FACT
+from raybench.report_keys import SCHEMA_VERSION, STAGE_WEIGHTS_FACT, SUMMARY_SCHEMA
 
 if TYPE_CHECKING:
     from raybench.newt_suite import SuiteResult, TaskResult
@@ -801,10 +801,16 @@ class DamagedRecord(TrackingError):
 
 
 def summary_damage(summary: Any) -> str | None:
-    """Why a parsed summary.json cannot be a sweep's results (not a mapping, a key missing or of the wrong
-    type); None when it has the shape every reader relies on."""
+    """Why a parsed summary.json cannot be a sweep's results (not a mapping, a schema version this raybench
+    does not read, a key missing or of the wrong type); None when it has the shape every reader relies on."""
     if not isinstance(summary, dict):
         return f"a JSON {type(summary).__name__}, not a mapping"
+    version = summary.get(SCHEMA_VERSION, 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        return f"{SCHEMA_VERSION!r} is not a whole number >= 0"
+    if version > SUMMARY_SCHEMA:
+        return (f"schema version {version}, newer than this raybench {raybench.__version__} reads "
+                f"(up to {SUMMARY_SCHEMA}): read it with the raybench that wrote it")
     for key, kind in SUMMARY_SHAPE.items():
         if not isinstance(summary.get(key), kind):
             return f"{key!r} missing or not a {kind.__name__}"

@@ -13,6 +13,7 @@ import raybench.models.dabs  # noqa: F401  (registers the dabs_transformer model
 from raybench.algorithms import AlgorithmContext, build_algorithm
 from raybench.algorithms.emix import EMix, emix_loss, mix_embeddings
 from raybench.algorithms.shed import ShED, binary_entropy, shuffle_count, shuffle_sources
+from raybench.checkpoints import load_state_dict_into
 from raybench.models import ModelSpec, build_model
 from raybench.models.dabs import (
     DabsFeaturizer,
@@ -24,7 +25,6 @@ from raybench.models.dabs import (
 )
 from raybench.trainer import ConfigError, TrainConfig, Trainer
 from raybench.trainer.callbacks import Callback
-from raybench.trainer.checkpoints import load_state_dict_into
 from raybench.trainer.stages import StageCache
 
 SMALL = "dabs_transformer_small"

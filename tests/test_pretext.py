@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from raybench.algorithms import AlgorithmContext, build_algorithm
+from raybench.checkpoints import load_state_dict_into
 from raybench.data import Split
 from raybench.models import ModelSpec, build_model
 from raybench.trainer import TrainConfig, Trainer
 from raybench.trainer.callbacks import Callback
-from raybench.trainer.checkpoints import load_state_dict_into
 from raybench.trainer.stages import StageCache
 
 PRETEXT = {"algorithm": "swav", "phase": "pretext", "prototypes": 8, "device": "cpu", "epochs": 2, "batch_size": 32,

@@ -237,8 +237,8 @@ def test_newt_probe_trainer_run_reports_c_and_scores_the_pipeline(tiny_dataset):
 def test_a_saved_probe_is_the_whole_pipeline_and_never_loads_as_a_plain_model(tiny_dataset):
     """The best model carries the standardisation with the SVM, so it predicts exactly what the run scored,
     and a plain model (say, a Noisy Student teacher) refuses it instead of dropping the standardisation."""
+    from raybench.checkpoints import load_state_dict_into
     from raybench.models.base import UnreadableWeightsError
-    from raybench.trainer.checkpoints import load_state_dict_into
 
     config = TrainConfig.from_flat({"dataset": "tiny", "algorithm": "newt_probe", "epochs": 1, "device": "cpu"})
     result = Trainer(config, dataset=tiny_dataset).fit()

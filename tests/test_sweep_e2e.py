@@ -18,6 +18,7 @@ from conftest import cli, on_head, run_cli, seeded_store
 from mlflow.tracking import MlflowClient
 
 from raybench.data import load_dataset
+from raybench.report_keys import SCHEMA_VERSION, SUMMARY_SCHEMA
 from raybench.sweep.space import load_space
 
 SEED = 3
@@ -72,6 +73,7 @@ def test_selected_trial_has_the_maximum_ood_val_metric(smoke_sweep):
 
 
 def test_replicate_count_and_summary_math(smoke_sweep):
+    assert smoke_sweep["summary"][SCHEMA_VERSION] == SUMMARY_SCHEMA
     rep = smoke_sweep["summary"]["replicates"]
     assert len(rep["seeds"]) == len(set(rep["seeds"])) == 2 and rep["ok"] == 2
     assert sorted(r["seed"] for r in rep["runs"]) == sorted(rep["seeds"])

@@ -8,10 +8,10 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import on_head, run_cli
+from conftest import cli, on_head, run_cli
 from mlflow.tracking import MlflowClient
 
-from raybench.report_keys import SELECTION_BLIND
+from raybench.report_keys import SCHEMA_VERSION, SELECTION_BLIND, SUMMARY_SCHEMA
 from raybench.sweep import results
 from raybench.tracking import SweepTracker, load_sweep_results, redact_uri
 
@@ -158,6 +158,36 @@ def test_one_damaged_summary_is_named_and_skipped_and_the_other_sweeps_are_read(
     with pytest.raises(DamagedRecord, match="sweep broken: its results/summary.json .* is damaged"):
         load_sweep_results(uri, "broken")
     assert load_sweep_results(uri, "good")["name"] == "good"
+
+
+# A real summary.json from before `schema_version` existed: the masked-LM sweep of test_ssl_sweeps.py (civilcomments
+# fixture, one trial, one replicate), as raybench wrote it on 2026-12-04.
+STORED_SUMMARY = Path(__file__).parent / "stored" / "summary_before_schema_version.json"
+
+
+def test_a_summary_from_before_schema_versions_still_reads_and_a_newer_one_is_named(store_uri, tmp_path, capsys):
+    stored_text = STORED_SUMMARY.read_text()
+    stored = json.loads(stored_text)
+    assert SCHEMA_VERSION not in stored
+    record_sweep(store_uri, stored["name"], stored_text, tmp_path)
+    record_sweep(store_uri, "future", json.dumps({**stored, "name": "future", SCHEMA_VERSION: SUMMARY_SCHEMA + 1}),
+                 tmp_path)
+
+    shown = cli(["results", stored["name"], "--format", "json", "--tracking-uri", store_uri], capsys)
+    assert shown.returncode == 0, shown.stderr
+    read = json.loads(shown.stdout)
+    assert [t["trial_id"] for t in read["trials"]] == [t["trial_id"] for t in stored["trials"]]
+    cells = stored["replicates"]["summary"]  # std NaN in the file (one seed), null in results' JSON
+    assert {k: (c["mean"], c["n"]) for k, c in read["replicates"]["summary"].items()} == \
+        {k: (c["mean"], c["n"]) for k, c in cells.items()} and cells
+    compared = json.loads(cli(["compare", "--format", "json", "--tracking-uri", store_uri], capsys).stdout)
+    assert [row["sweep"] for row in compared["rows"]] == [stored["name"]]
+    (future,) = [u for u in compared["unfinished"] if u["name"] == "future"]
+    newer = f"schema version {SUMMARY_SCHEMA + 1}, newer than this raybench"
+    assert newer in future["line"], future
+
+    refused = cli(["results", "future", "--tracking-uri", store_uri], capsys)
+    assert refused.returncode != 0 and newer in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_redaction_keeps_host_and_drops_userinfo():

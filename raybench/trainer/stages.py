@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from raybench.checkpoints import STAGE_MODEL_FILE
 from raybench.paths import write_atomically
 
-MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.json"
 # Settings that change where or how fast a stage runs, not what it learns.
 NOT_IDENTITY = ("device", "data_dir", "eval_batch_size", "stage_cache")
@@ -55,16 +55,16 @@ class StageCache:
         entry_dir = self.directory / key
         with self._lock(key):
             if (entry_dir / SUMMARY_FILE).is_file():
-                state = torch.load(entry_dir / MODEL_FILE, map_location="cpu", weights_only=True)
+                state = torch.load(entry_dir / STAGE_MODEL_FILE, map_location="cpu", weights_only=True)
                 return StageEntry(key, state, json.loads((entry_dir / SUMMARY_FILE).read_text()), cached=True)
             state, summary = make()
             entry_dir.mkdir(parents=True, exist_ok=True)
-            _atomic(entry_dir / MODEL_FILE, lambda path: torch.save(state, path))
+            _atomic(entry_dir / STAGE_MODEL_FILE, lambda path: torch.save(state, path))
             _atomic(entry_dir / SUMMARY_FILE, lambda path: path.write_text(json.dumps(summary, default=str)))
             return StageEntry(key, state, summary, cached=False)
 
     def weights_file(self, key: str) -> Path:
-        return self.directory / key / MODEL_FILE
+        return self.directory / key / STAGE_MODEL_FILE
 
     @contextmanager
     def _lock(self, key: str) -> Iterator[None]:

@@ -19,6 +19,7 @@ from raybench.models.base import UnreadableWeightsError, read_state_dict, read_w
 
 STATE_FILE = "state.pt"
 BEST_MODEL_FILE = "best_model.pt"
+STAGE_MODEL_FILE = "model.pt"  # a stage-cache entry's weights (raybench.trainer.stages)
 # What a trial state must hold to be resumed (see Trainer._write).
 STATE_KEYS = ("config", "progress", "algorithm", "optimizer", "scheduler", "generators", "rng", "best_state")
 

@@ -1,0 +1,59 @@
+"""The layers import downwards only: data, models, algorithms, then the trainer. Every import statement counts,
+inside functions too, because a lazy import of a layer above is how an import circle used to be hidden (the
+algorithms fetched ConfigError and the checkpoint helpers from the trainer, whose config imports them)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "raybench"
+ABOVE_ALGORITHMS = ("raybench.trainer", "raybench.sweep", "raybench.tracking", "raybench.cli", "raybench.newt_suite")
+# What each layer must not import. The models may import one module of raybench.data: the wilds compat shim,
+# which patches ogb's import (a library fix, not a dataset).
+FORBIDDEN = {
+    "algorithms": ABOVE_ALGORITHMS,
+    "models": ("raybench.algorithms", "raybench.data", *ABOVE_ALGORITHMS),
+    "data": ("raybench.models", "raybench.algorithms", *ABOVE_ALGORITHMS),
+    "trainer": ("raybench.sweep", "raybench.tracking", "raybench.cli", "raybench.newt_suite"),
+}
+ALLOWED = {"models": ("raybench.data.wilds.compat", "raybench.data.wilds")}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import in the file, `from raybench.x import y` giving both raybench.x and
+    raybench.x.y (y may be a module)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.lineno, node.module)]
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def crossings(layer: str) -> list[str]:
+    bad = []
+    for path in sorted((PACKAGE / layer).rglob("*.py")):
+        for line, module in imported_modules(path):
+            allowed = module in ALLOWED.get(layer, ())
+            if not allowed and any(module == f or module.startswith(f + ".") for f in FORBIDDEN[layer]):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
+    return sorted(set(bad))
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_a_layer_imports_nothing_from_the_layers_above_it(layer):
+    assert crossings(layer) == []
+
+
+def test_the_scan_sees_an_import_inside_a_function(tmp_path, monkeypatch):
+    """The check itself: a lazy import of the trainer from an algorithm is found."""
+    fake = tmp_path / "raybench" / "algorithms"
+    fake.mkdir(parents=True)
+    (fake / "lazy.py").write_text("def f():\n    from raybench.trainer.config import ConfigError\n    return ConfigError\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "raybench")
+    assert crossings("algorithms") == ["raybench/algorithms/lazy.py:2 imports raybench.trainer.config",
+                                       "raybench/algorithms/lazy.py:2 imports raybench.trainer.config.ConfigError"]
