@@ -19,6 +19,10 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raybench.records import SweepSummary
 
 
 def parse_assignments(pairs: list[str]) -> dict:
@@ -27,7 +31,7 @@ def parse_assignments(pairs: list[str]) -> dict:
     return parse(pairs)
 
 
-def run(args: argparse.Namespace, scheduler: str, root: Path) -> tuple[dict, float]:
+def run(args: argparse.Namespace, scheduler: str, root: Path) -> tuple[SweepSummary, float]:
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
 
     options = SweepOptions(space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates,
@@ -40,27 +44,29 @@ def run(args: argparse.Namespace, scheduler: str, root: Path) -> tuple[dict, flo
     return summary, time.perf_counter() - start
 
 
-def cell(summary: dict, key: str) -> tuple[float, float]:
-    found = summary["replicates"]["summary"].get(key, {})
+def cell(summary: SweepSummary, key: str) -> tuple[float, float]:
+    found = summary.replicates.summary.get(key, {})
     return 100 * found.get("mean", float("nan")), 100 * found.get("std", float("nan"))
 
 
-def describe(scheduler: str, summary: dict, wall: float, metric: str) -> None:
-    search = summary["compute"]["search"]
-    stopped = sum(t["status"] == "stopped early" for t in summary["trials"])
-    selected = summary["selected"]
+def describe(scheduler: str, summary: SweepSummary, wall: float, metric: str) -> None:
+    from raybench.records import TrialStatus
+
+    search = (summary.compute or {})["search"]
+    stopped = sum(t.status == TrialStatus.STOPPED for t in summary.trials)
+    selected = summary.selected
     ood, ood_std = cell(summary, f"best/test/{metric}")
     iid, iid_std = cell(summary, f"best/id_test/{metric}")
     print(f"\n{scheduler}: sweep wall {wall:.1f} s; search {search['wall_s']:.1f} trial-s, {search['cpu_s']:.1f} CPU-s, "
           f"{int(search['runs'])} trials, {stopped} stopped early")
-    timed = [t["metrics"] for t in summary["trials"] if "time/startup_s" in t["metrics"]]
+    timed = [t.metrics for t in summary.trials if "time/startup_s" in t.metrics]
     if timed:
         print(f"  per trial: start-up {sum(m['time/startup_s'] for m in timed) / len(timed):.1f} s, teardown "
               f"{sum(m['time/teardown_s'] for m in timed) / len(timed):.1f} s, training "
               f"{sum(m['time/trial_s'] - m['time/report_wait_s'] for m in timed) / len(timed):.1f} s (means)")
-    print(f"  selected {selected['trial_id']} (OOD val {selected['selection_value']:.4f}, best epoch "
-          f"{selected['best_epoch']}): {selected['sampled']}")
-    print(f"  replicates ({summary['replicates']['ok']} seeds): OOD test {ood:.2f} ± {ood_std:.2f} %, "
+    print(f"  selected {selected.trial_id} (OOD val {selected.selection_value:.4f}, best epoch "
+          f"{selected.best_epoch}): {selected.sampled}")
+    print(f"  replicates ({summary.replicates.ok} seeds): OOD test {ood:.2f} ± {ood_std:.2f} %, "
           f"ID test {iid:.2f} ± {iid_std:.2f} %")
 
 
@@ -86,11 +92,11 @@ def main() -> None:
     for scheduler in ("fifo", "asha"):
         with tempfile.TemporaryDirectory() as tmp:
             summaries[scheduler], wall = run(args, scheduler, Path(tmp))
-        describe(scheduler, summaries[scheduler], wall, summaries[scheduler]["metric_names"][0])
+        describe(scheduler, summaries[scheduler], wall, summaries[scheduler].metric_names[0])
     fifo, asha = summaries["fifo"], summaries["asha"]
-    same = [t["sampled"] for t in fifo["trials"]] == [t["sampled"] for t in asha["trials"]]
-    share = asha["compute"]["search"]["wall_s"] / fifo["compute"]["search"]["wall_s"]
-    metric = fifo["metric_names"][0]
+    same = [t.sampled for t in fifo.trials] == [t.sampled for t in asha.trials]
+    share = (asha.compute or {})["search"]["wall_s"] / (fifo.compute or {})["search"]["wall_s"]
+    metric = fifo.metric_names[0]
     (fifo_ood, fifo_std), (asha_ood, _) = cell(fifo, f"best/test/{metric}"), cell(asha, f"best/test/{metric}")
     print(f"\nsame {args.trials} configs in both searches: {same}")
     print(f"ASHA's search compute / FIFO's: {share:.4f} (goal <= 0.50: {'met' if share <= 0.5 else 'missed'})")

@@ -37,14 +37,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from raybench.records import SweepSummary
 
 USEFUL_WORK_GOALS = {"train": 0.80, "function": 0.92}  # issue #9
 
 
 def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root: Path,
-                   fixed: dict | None = None) -> tuple[dict, float]:
+                   fixed: dict | None = None) -> tuple[SweepSummary, float]:
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
 
     options = SweepOptions(space=space, trials=trials, replicates=0, max_concurrent=concurrent, executor=executor,
@@ -67,10 +71,10 @@ class SweepClock:
     ended: float
     cpu_s: float
 
-    def phases(self, summary: dict) -> tuple[float, float]:
+    def phases(self, summary: SweepSummary) -> tuple[float, float]:
         """Seconds before the first trainer started (Ray's and Tune's start, MLflow's set-up) and after the
         last report (the sweep's summary, tables and figures): paid once per sweep, not per trial."""
-        metrics = [t["metrics"] for t in summary["trials"]]
+        metrics = [t.metrics for t in summary.trials]
         first = min(m.get("time/trainer_started_at", self.ended) for m in metrics)
         last = max(m.get("time/reported_at", self.started) for m in metrics)
         return first - self.started, self.ended - last
@@ -79,7 +83,7 @@ class SweepClock:
 LAST_SWEEP: SweepClock | None = None
 
 
-def run_bare(summary: dict, space_name: str) -> float:
+def run_bare(summary: SweepSummary, space_name: str) -> float:
     """The same configs, one after another, through the raybench trainer in this process (no Ray)."""
     from raybench.data import load_dataset
     from raybench.sweep.runner import SweepOptions, prepare
@@ -89,8 +93,8 @@ def run_bare(summary: dict, space_name: str) -> float:
         prepared = prepare(SweepOptions(space=space_name, storage=tmp, tracking_uri=f"sqlite:///{tmp}/unused.db"))
     dataset = load_dataset("digits-shift")
     start = time.perf_counter()
-    for trial in summary["trials"]:
-        Trainer(TrainConfig.from_flat(prepared.space.materialize(trial["sampled"])), dataset=dataset).fit()
+    for trial in summary.trials:
+        Trainer(TrainConfig.from_flat(prepared.space.materialize(trial.sampled)), dataset=dataset).fit()
     return time.perf_counter() - start
 
 
@@ -110,9 +114,9 @@ def training_seconds(metrics: dict) -> float:
     return metrics.get("time/trial_s", 0.0) - metrics.get("time/report_wait_s", 0.0)
 
 
-def per_trial_timing(summary: dict) -> tuple[list[float], list[float], list[float]]:
+def per_trial_timing(summary: SweepSummary) -> tuple[list[float], list[float], list[float]]:
     """Each trial's start-up, report waits and teardown seconds, as its driver and worker reported them."""
-    metrics = [t["metrics"] for t in summary["trials"] if "time/startup_s" in t["metrics"]]
+    metrics = [t.metrics for t in summary.trials if "time/startup_s" in t.metrics]
     return ([m["time/startup_s"] for m in metrics], [m["time/report_wait_s"] for m in metrics],
             [m["time/teardown_s"] for m in metrics])
 
@@ -146,8 +150,8 @@ def ablate(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             summary, wall = run_sweep_once(args.space, args.ablate_trials, "train", 1, Path(tmp), fixed)
         startup, waits, teardown = per_trial_timing(summary)
-        training = sum(training_seconds(t["metrics"]) for t in summary["trials"])
-        per_trial = (wall - training) / len(summary["trials"])  # one slot: all the rest is overhead
+        training = sum(training_seconds(t.metrics) for t in summary.trials)
+        per_trial = (wall - training) / len(summary.trials)  # one slot: all the rest is overhead
         rows.append((label, startup, waits, teardown, per_trial, wall))
         print(f"[ablate] {label}: start-up {span(startup)}, report waits {span(waits)}, teardown {span(teardown)}, "
               f"sweep wall {wall:.1f} s, training {training:.1f} s, overhead per trial {per_trial:.2f} s", flush=True)
@@ -190,7 +194,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             summary, wall = run_sweep_once(args.space, args.trials, executor, args.concurrent, Path(tmp))
             ray_backend.shutdown()
-        work = [training_seconds(t["metrics"]) for t in summary["trials"]]
+        work = [training_seconds(t.metrics) for t in summary.trials]
         useful = sum(work) / (wall * args.concurrent)
         goal = USEFUL_WORK_GOALS[executor]
         print(f"[{executor}] {len(work)} trials, sweep wall {wall:.1f} s, training {sum(work):.1f} s, useful-work fraction "

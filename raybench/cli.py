@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from raybench.records import PairState
 from raybench.registry import UnknownNameError
 from raybench.settings import MAX_COUNT, MAX_MAGNITUDE, MAX_SEED, number_text
 
@@ -346,7 +347,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from raybench.sweep.report import render
 
     print(render(summary, "table"))
-    print(f"\nMLflow: {mlflow_hint(redact_uri(prepared.tracking_uri), summary.get('mlflow', {}))}")
+    print(f"\nMLflow: {mlflow_hint(redact_uri(prepared.tracking_uri), summary.mlflow or {})}")
     return 0
 
 
@@ -397,7 +398,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
             return signals.exit_status
     print(outcome_text(outcome))
     print(f"\nMLflow: {mlflow_hint(redact_uri(options.tracking_uri), outcome.mlflow)}")
-    return 0 if outcome.count("failed") == 0 else 1
+    return 0 if outcome.count(PairState.FAILED) == 0 else 1
 
 
 def _probe_cluster(address: str) -> None:
@@ -443,7 +444,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     uri = args.tracking_uri or default_tracking_uri()
     try:
         summary = load_sweep_results(uri, args.name)
-        written = download_plots(uri, summary["mlflow_run_id"], Path(args.plots)) if args.plots else []
+        written = download_plots(uri, summary.stored.run_id, Path(args.plots)) if args.plots else []
     except TrackingError as err:
         raise UsageError(f"results: {err}") from None
     print(render(summary, args.format))

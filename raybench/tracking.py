@@ -38,6 +38,8 @@ logging.getLogger("alembic").setLevel(logging.WARNING)
 
 import raybench
 from raybench.paths import writable_dir_problem
+from raybench.records import RecordError, StoredRun, SweepSummary
+from raybench.records import SweepState as State  # this module's SweepState is where a sweep stands, in words
 from raybench.report_keys import SCHEMA_VERSION, STAGE_WEIGHTS_FACT, SUMMARY_SCHEMA
 
 if TYPE_CHECKING:
@@ -51,7 +53,8 @@ BENCHMARK_TAG = "raybench.benchmark"
 EPOCH_METRIC = "epoch"  # every epoch's report carries it, at its own step
 STATE_TAG = "raybench.state"  # running, interrupted, finished, failed: what `raybench results` reports
 # A sweep's state for its parent run's MLflow status (the state tag, where written, says more: "driver-gone").
-SWEEP_STATE_OF_STATUS = {"RUNNING": "running", "FINISHED": "finished", "KILLED": "interrupted", "FAILED": "failed"}
+SWEEP_STATE_OF_STATUS = {"RUNNING": State.RUNNING, "FINISHED": State.FINISHED, "KILLED": State.INTERRUPTED,
+                         "FAILED": State.FAILED}
 DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the sweep, to tell a dead one
 RESUME_TAG = "raybench.resume_command"
 LOCK_TAG = "raybench.lock"  # the sweep lock on --storage its driver holds, and who (host, pid) took it
@@ -367,7 +370,7 @@ class SweepTracker:
                                          tags={**tags, **nesting, SWEEP_TAG: name, "stage": "sweep"})
             self.parent_id = run.info.run_id
             self._log(self.parent_id, params=flatten(params))
-        self._tag(self.parent_id, {STATE_TAG: "running", DRIVER_TAG: driver_identity(),
+        self._tag(self.parent_id, {STATE_TAG: State.RUNNING.value, DRIVER_TAG: driver_identity(),
                                    **{k: v for k, v in tags.items() if k == RESUME_TAG}})
         return self.parent_id
 
@@ -387,8 +390,8 @@ class SweepTracker:
         assert self.parent_id is not None
         if note:
             self.client.set_tag(self.parent_id, "failure_reason", note[:5000])
-        state = SWEEP_STATE_OF_STATUS.get(status, "failed")
-        self.client.set_tag(self.parent_id, STATE_TAG, state)
+        state = SWEEP_STATE_OF_STATUS.get(status, State.FAILED)
+        self.client.set_tag(self.parent_id, STATE_TAG, state.value)
         if status != "FINISHED":
             for run in self.children(nested=True):
                 if run.info.status == "RUNNING":
@@ -576,7 +579,7 @@ class BenchmarkTracker(SweepTracker):
                                          tags={BENCHMARK_TAG: name, "stage": "benchmark"})
             self.parent_id = run.info.run_id
             self._log(self.parent_id, params=flatten(params))
-        self._tag(self.parent_id, {STATE_TAG: "running", DRIVER_TAG: driver_identity(),
+        self._tag(self.parent_id, {STATE_TAG: State.RUNNING.value, DRIVER_TAG: driver_identity(),
                                    **({RESUME_TAG: resume_command} if resume_command else {})})
         return self.parent_id
 
@@ -593,20 +596,20 @@ class BenchmarkTracker(SweepTracker):
 class SweepState:
     """Where a sweep stands, as its parent run says: the line `raybench results` prints above the table."""
 
-    state: str  # finished, interrupted, failed, running, or interrupted-driver-gone
+    state: str  # a records.SweepState value (finished, interrupted, failed, running, driver-gone) or a hand-set tag
     resume_command: str | None
 
     @property
     def resumable(self) -> bool:
-        return self.state not in ("finished", "running")
+        return self.state not in (State.FINISHED, State.RUNNING)
 
     def line(self, name: str) -> str:
         words = {
-            "finished": f"sweep {name}: finished",
-            "running": f"sweep {name}: running (its driver is alive, or on another host)",
-            "interrupted": f"sweep {name}: INTERRUPTED before it finished; its results are partial",
-            "driver-gone": f"sweep {name}: INTERRUPTED (its driver process is gone); its results are partial",
-            "failed": f"sweep {name}: FAILED; its results are partial",
+            State.FINISHED: f"sweep {name}: finished",
+            State.RUNNING: f"sweep {name}: running (its driver is alive, or on another host)",
+            State.INTERRUPTED: f"sweep {name}: INTERRUPTED before it finished; its results are partial",
+            State.DRIVER_GONE: f"sweep {name}: INTERRUPTED (its driver process is gone); its results are partial",
+            State.FAILED: f"sweep {name}: FAILED; its results are partial",
         }
         line = words.get(self.state, f"sweep {name}: {self.state}")
         if self.resumable and self.resume_command:
@@ -616,11 +619,11 @@ class SweepState:
 
 def sweep_state(parent: Any) -> SweepState:
     tags = parent.data.tags
-    state = tags.get(STATE_TAG) or SWEEP_STATE_OF_STATUS.get(parent.info.status, "running")
+    state = tags.get(STATE_TAG) or SWEEP_STATE_OF_STATUS.get(parent.info.status, State.RUNNING).value
     if parent.info.status == "RUNNING" and driver_alive(tags.get(DRIVER_TAG)) is False:
-        state = "driver-gone"
+        state = State.DRIVER_GONE.value
     elif parent.info.status == "RUNNING":
-        state = "running"
+        state = State.RUNNING.value
     return SweepState(state, tags.get(RESUME_TAG))
 
 
@@ -673,7 +676,7 @@ def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
     return copies
 
 
-def load_sweep_results(uri: str, name: str) -> dict[str, Any]:
+def load_sweep_results(uri: str, name: str) -> SweepSummary:
     """The parent run of sweep `name` and its `results/summary.json` artifact, with where the sweep stands."""
     client, experiment_id = _sweep_store(uri)
     runs = client.search_runs([experiment_id], f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'",
@@ -694,7 +697,7 @@ class SweepRecord:
     dataset: str
     algorithm: str
     state_line: str
-    summary: dict[str, Any] | None
+    summary: SweepSummary | None
     damage: str | None = None  # why its recorded results cannot be read (then summary is None)
 
 
@@ -790,34 +793,24 @@ def sqlite_damage(path: Path) -> str | None:
     return None
 
 
-# What every reader of a sweep's results/summary.json relies on, by key and type (raybench/sweep/results.py
-# writes it): a record without them is damaged, not a sweep to tabulate.
-SUMMARY_SHAPE: dict[str, type] = {"name": str, "dataset": str, "algorithm": str, "selection": dict,
-                                  "trials": list, "replicates": dict}
-
-
 class DamagedRecord(TrackingError):
     """A sweep's recorded results that cannot be read: that sweep is skipped and named, the rest go on."""
 
 
-def summary_damage(summary: Any) -> str | None:
-    """Why a parsed summary.json cannot be a sweep's results (not a mapping, a schema version this raybench
-    does not read, a key missing or of the wrong type); None when it has the shape every reader relies on."""
-    if not isinstance(summary, dict):
-        return f"a JSON {type(summary).__name__}, not a mapping"
-    version = summary.get(SCHEMA_VERSION, 0)
+def read_summary(data: Any) -> SweepSummary:
+    """A parsed summary.json as the typed record; a RecordError saying why it cannot be a sweep's results: not a
+    mapping, a schema version this raybench does not read, a key missing or of the wrong type (the keys are
+    SweepSummary.from_json's to judge)."""
+    version = data.get(SCHEMA_VERSION, 0) if isinstance(data, dict) else 0
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        return f"{SCHEMA_VERSION!r} is not a whole number >= 0"
+        raise RecordError(f"{SCHEMA_VERSION!r} is not a whole number >= 0")
     if version > SUMMARY_SCHEMA:
-        return (f"schema version {version}, newer than this raybench {raybench.__version__} reads "
-                f"(up to {SUMMARY_SCHEMA}): read it with the raybench that wrote it")
-    for key, kind in SUMMARY_SHAPE.items():
-        if not isinstance(summary.get(key), kind):
-            return f"{key!r} missing or not a {kind.__name__}"
-    return None
+        raise RecordError(f"schema version {version}, newer than this raybench {raybench.__version__} reads "
+                          f"(up to {SUMMARY_SCHEMA}): read it with the raybench that wrote it")
+    return SweepSummary.from_json(data)
 
 
-def _parent_summary(client: MlflowClient, parent: Any) -> dict[str, Any] | None:
+def _parent_summary(client: MlflowClient, parent: Any) -> SweepSummary | None:
     """The sweep's `results/summary.json` with where it stands; None before it recorded results. A file that
     is cut, not JSON, or not shaped like a summary is a DamagedRecord naming the sweep and the file."""
     name = parent.data.tags.get(SWEEP_TAG, parent.info.run_name)
@@ -829,16 +822,17 @@ def _parent_summary(client: MlflowClient, parent: Any) -> dict[str, Any] | None:
             return None
         text = Path(path).read_text(errors="replace")
     try:
-        summary = json.loads(text)
+        data = json.loads(text)
     except ValueError as err:
-        raise DamagedRecord(f"sweep {name}: its results/summary.json (run {parent.info.run_id}) is damaged: "
-                            f"not JSON ({err}); skipped") from None
-    damage = summary_damage(summary)
-    if damage is not None:
-        raise DamagedRecord(f"sweep {name}: its results/summary.json (run {parent.info.run_id}) is damaged: "
-                            f"{damage}; skipped")
-    summary["mlflow_run_id"] = parent.info.run_id
-    summary["mlflow_status"] = parent.info.status
-    summary["state_line"] = state.line(name)
-    summary["tracking_state"] = state.state
-    return summary
+        raise _damaged(name, parent, f"not JSON ({err})") from None
+    try:
+        summary = read_summary(data)
+    except RecordError as err:
+        raise _damaged(name, parent, str(err)) from None
+    return dataclasses.replace(summary, stored=StoredRun(parent.info.run_id, parent.info.status, state.line(name),
+                                                         state.state))
+
+
+def _damaged(name: str, parent: Any, damage: str) -> DamagedRecord:
+    return DamagedRecord(f"sweep {name}: its results/summary.json (run {parent.info.run_id}) is damaged: {damage}; "
+                         f"skipped")

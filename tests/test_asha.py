@@ -10,8 +10,9 @@ from conftest import on_head, run_cli
 from mlflow.tracking import MlflowClient
 
 from raybench.data import load_dataset
+from raybench.records import TrialRecord, TrialStatus
 from raybench.sweep.progress import StageProgress
-from raybench.sweep.results import STOPPED, select_best
+from raybench.sweep.results import select_best
 from raybench.sweep.space import load_space
 
 
@@ -51,10 +52,10 @@ def test_closing_reports_and_the_last_epoch_are_not_rung_decisions(tmp_path):
 
 
 def test_a_stopped_trial_is_selectable_on_its_best_epoch():
-    trials = [{"status": "ok", "selection_value": 0.6, "order": 0},
-              {"status": STOPPED, "selection_value": 0.7, "order": 1},
-              {"status": "failed", "selection_value": 0.9, "order": 2}]
-    assert select_best(trials)["order"] == 1
+    trials = [TrialRecord(0, "a", 0, {}, TrialStatus.OK, selection_value=0.6),
+              TrialRecord(1, "b", 0, {}, TrialStatus.STOPPED, selection_value=0.7),
+              TrialRecord(2, "c", 0, {}, TrialStatus.FAILED, selection_value=0.9)]
+    assert select_best(trials).order == 1
 
 
 def test_progress_counts_trials_stopped_early():
@@ -93,7 +94,7 @@ def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_ep
     by_lr = {t["sampled"]["lr"]: t for t in summary["trials"]}
     assert by_lr[GOOD_LR]["status"] == "ok"
     for lr in BAD_LRS:
-        assert by_lr[lr]["status"] == STOPPED and by_lr[lr]["selection_value"] is not None
+        assert by_lr[lr]["status"] == TrialStatus.STOPPED and by_lr[lr]["selection_value"] is not None
     best = max(summary["trials"], key=lambda t: t["selection_value"])
     assert summary["selected"]["trial_id"] == best["trial_id"] == by_lr[GOOD_LR]["trial_id"]
     assert summary["replicates"]["runs"][0]["status"] == "ok"  # replicates run all their epochs

@@ -185,7 +185,8 @@ def test_a_damaged_benchmark_record_is_a_warning_on_resume_and_its_pairs_start_a
 # ----- a damaged summary.json under --storage ------------------------------------------------------------------
 def finished_summary(name: str) -> dict:
     return {"name": name, "dataset": "digits-shift", "algorithm": "erm", "state": "finished",
-            "selection": {"strategy": "ood_val"}, "trials": [{"status": "TERMINATED"}], "selected": {"trial_id": "t"},
+            "selection": {"strategy": "ood_val"}, "trials": [{"trial_id": "t", "status": "ok"}],
+            "selected": {"trial_id": "t", "status": "ok"},
             "replicates": {"seeds": [1], "ok": 1, "runs": [], "summary": {}}}
 
 

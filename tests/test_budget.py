@@ -11,10 +11,11 @@ import json
 import math
 
 import pytest
-from test_compare import summary
+from test_compare import compare_json, summary
 
 from raybench.data import load_dataset
-from raybench.sweep.compare import compare, render
+from raybench.records import SweepSummary
+from raybench.sweep.compare import render
 from raybench.sweep.runner import sweep_space
 from raybench.sweep.space import load_space
 from raybench.trainer import TrainConfig, Trainer
@@ -135,15 +136,15 @@ def test_compare_shows_each_rows_budget_and_flags_a_table_whose_rows_got_budgets
     capped = with_budget(summary("s-fixmatch", "fixmatch", cells), 750, 1560, 780)
     other_erm = with_budget(summary("s-coral", "coral", cells), 465, 465, 230)
 
-    assert "Budget outside" not in render(compare(fair), "table")
-    table = render(compare([*fair, capped, other_erm]), "table")
+    assert "Budget outside" not in render(compare_json(fair), "table")
+    table = render(compare_json([*fair, capped, other_erm]), "table")
     assert "1560 st, 5.0 lp, 2.00x ERM" in table
     assert "Budget outside the protocol's ratios: fixmatch (s-fixmatch): 0.48x the steps the WILDS rule gives it" in table
     assert "Budget outside the protocol's ratios: coral (s-coral): an ERM budget of 230 steps, not the table's 780" in table
     assert "dann (s-dann)" not in table.split("Budget outside", 1)[1]
     for fmt_name in ("markdown", "latex"):
-        assert "fixmatch (s-fixmatch): 0.48x" in render(compare([*fair, capped]), fmt_name)
-    rows = {r["sweep"]: r for r in json.loads(render(compare([*fair, capped]), "json"))["rows"]}
+        assert "fixmatch (s-fixmatch): 0.48x" in render(compare_json([*fair, capped]), fmt_name)
+    rows = {r["sweep"]: r for r in json.loads(render(compare_json([*fair, capped]), "json"))["rows"]}
     assert rows["s-fixmatch"]["budget_unfair"].startswith("0.48x") and rows["s-dann"]["budget_unfair"] == ""
     assert rows["s-dann"]["budget.erm_ratio"] == 2.0
 
@@ -154,12 +155,13 @@ def test_results_show_each_trials_steps_and_the_replicates_budget():
     record = with_budget(summary("s-fixmatch", "fixmatch", {"test/acc": (0.5, 0.01)}), 750, 1560, 780)
     trial_metrics = {f"budget/planned_{k}": v for k, v in {"steps": 750, "optimizer_steps": 190, "labeled_examples": 12000,
                      "unlabeled_examples": 36000, "labeled_passes": 2.4, "protocol_steps": 1560, "erm_steps": 780}.items()}
-    record.update({"wall_seconds": 800.0, "metric_names": ["acc"], "selected": {"trial_id": "t0", "sampled": {"lr": 0.01}, "selection_value": 0.7}})
+    record.update({"wall_seconds": 800.0, "metric_names": ["acc"],
+                   "selected": {"trial_id": "t0", "status": "ok", "sampled": {"lr": 0.01}, "selection_value": 0.7}})
     record["trials"] = [{"trial_id": "t0", "status": "ok", "selection_value": 0.7, "best_epoch": 3, "failure_reason": None,
                          "sampled": {"lr": 0.01}, "metrics": trial_metrics}]
-    text = render_results(record, "table")
+    text = render_results(SweepSummary.from_json(record), "table")
     header, row = [line.split() for line in text.splitlines() if line.strip().startswith(("trial_id", "t0"))][:2]
     assert row[header.index("steps")] == "750" and "0.48" in row
     assert "budget per replicate: 750 steps (188 optimizer steps), 12000 labeled + 36000 unlabeled examples" in text
     assert "0.96x ERM's steps, 0.48x the protocol's" in text
-    assert "steps" in render_results(record, "csv").splitlines()[0]
+    assert "steps" in render_results(SweepSummary.from_json(record), "csv").splitlines()[0]

@@ -10,7 +10,18 @@ import pandas as pd
 import pytest
 from pylatexenc.latexwalker import LatexEnvironmentNode, LatexMacroNode, LatexWalker
 
-from raybench.sweep.compare import BEST, FORMATS, WITHIN, UnfinishedSweep, compare, latex_escape, records, render
+from raybench.records import SweepSummary
+from raybench.sweep.compare import (
+    BEST,
+    FORMATS,
+    WITHIN,
+    Comparison,
+    UnfinishedSweep,
+    compare,
+    latex_escape,
+    records,
+    render,
+)
 from raybench.sweep.plots import comparison_figure, save
 
 WILDS_REPORT = {"split_labels": {"id_val": "ID val", "val": "OOD val", "test": "OOD test", "id_test": "ID test"},
@@ -31,8 +42,8 @@ def summary(name: str, space: str, cells: dict[str, tuple[float, float]], strate
         "space": f"search_spaces/{space}.yaml",
         "selection": {"strategy": strategy, "metric": "test/acc" if strategy == "oracle" else f"{split}/acc",
                       "label": "as the sweep wrote it"},
-        "trials": [{"status": "ok"}] * 9 + [{"status": "failed"}],
-        "selected": {"trial_id": f"{name}-t0"},
+        "trials": [{"trial_id": f"{name}-t{i}", "status": "ok" if i < 9 else "failed"} for i in range(10)],
+        "selected": {"trial_id": f"{name}-t0", "status": "ok"},
         "replicates": {"seeds": [1, 2, 3], "ok": 3, "summary": replicate_summary},
         "compute": {"search": {"runs": 10, "wall_s": 600.0, "cpu_s": 500.0, "gpu_s": 0.0},
                     "replicates": {"runs": 3, "wall_s": 200.0, "cpu_s": 150.0, "gpu_s": 0.0}},
@@ -42,9 +53,14 @@ def summary(name: str, space: str, cells: dict[str, tuple[float, float]], strate
     return record
 
 
+def compare_json(summaries: list[dict], unfinished: list[UnfinishedSweep] = (), selection: str | None = None) -> Comparison:
+    """`compare` on summaries as summary.json holds them: the helpers here build and edit them as dicts."""
+    return compare([SweepSummary.from_json(s) for s in summaries], unfinished, selection)
+
+
 @pytest.fixture
 def wilds_comparison():
-    return compare([
+    return compare_json([
         summary("s-erm", "erm", {"id_test/acc": (0.97, 0.01), "test/acc": (0.55, 0.03)}),
         summary("s-dann", "dann", {"id_test/acc": (0.95, 0.02), "test/acc": (0.60, 0.02)}),
         summary("s-coral", "coral", {"id_test/acc": (0.96, 0.01), "test/acc": (0.585, 0.01)}),
@@ -120,7 +136,7 @@ def test_latex_escapes_what_would_break_it():
 
 
 def test_spuco_columns_are_worst_group_and_average_on_its_test_split_never_called_ood():
-    comparison = compare([summary("gb", "gb", {"test/worst_group_acc": (0.6, 0.05), "test/avg_acc": (0.9, 0.01)},
+    comparison = compare_json([summary("gb", "gb", {"test/worst_group_acc": (0.6, 0.05), "test/avg_acc": (0.9, 0.01)},
                                   dataset="spuco-digits", report=SPUCO_REPORT)])
     (table,) = comparison.tables
     assert table.rank_key == "test/worst_group_acc"
@@ -131,12 +147,12 @@ def test_spuco_columns_are_worst_group_and_average_on_its_test_split_never_calle
 
 
 def test_a_summary_without_report_columns_gets_id_and_ood_test_of_its_selection_metric():
-    (table,) = compare([summary("old", "erm", {"id_test/acc": (0.9, 0.0), "test/acc": (0.5, 0.01)}, report=None)]).tables
+    (table,) = compare_json([summary("old", "erm", {"id_test/acc": (0.9, 0.0), "test/acc": (0.5, 0.01)}, report=None)]).tables
     assert [(c.key, c.label) for c in table.columns] == [("id_test/acc", "ID test acc"), ("test/acc", "OOD test acc")]
 
 
 def test_selection_filter_and_two_sweeps_of_one_space_and_several_datasets():
-    comparison = compare([summary("a", "erm", {"test/acc": (0.5, 0.01)}), summary("b", "erm", {"test/acc": (0.6, 0.01)}),
+    comparison = compare_json([summary("a", "erm", {"test/acc": (0.5, 0.01)}), summary("b", "erm", {"test/acc": (0.6, 0.01)}),
                           summary("c", "erm", {"test/acc": (0.7, 0.01)}, strategy="id_val"),
                           summary("d", "gb", {"test/worst_group_acc": (0.6, 0.05)}, dataset="spuco-digits",
                                   report=SPUCO_REPORT)], selection="ood_val")
@@ -146,10 +162,10 @@ def test_selection_filter_and_two_sweeps_of_one_space_and_several_datasets():
 
 
 def test_a_single_replicate_has_no_std_and_only_the_best_is_marked():
-    (table,) = compare([summary("a", "erm", {"test/acc": (0.5, math.nan)}),
+    (table,) = compare_json([summary("a", "erm", {"test/acc": (0.5, math.nan)}),
                         summary("b", "dann", {"test/acc": (0.5 - 1e-9, math.nan)})]).tables
     assert [r.cells["test/acc"].mark for r in table.rows] == [BEST, ""]
-    assert json.loads(render(compare([summary("a", "erm", {"test/acc": (0.5, math.nan)})]), "json"))["rows"][0][
+    assert json.loads(render(compare_json([summary("a", "erm", {"test/acc": (0.5, math.nan)})]), "json"))["rows"][0][
         "test/acc.std"] is None
 
 
@@ -176,12 +192,12 @@ def test_comparison_figure_has_one_error_bar_per_method_and_column_and_stars_the
 
 def test_a_blind_selection_is_marked_in_every_format_never_passed_off_as_a_choice():
     blind = summary("s-blind", "erm", {"id_test/acc": (0.9, 0.01), "test/acc": (0.5, 0.02)})
-    blind["trials"] = [{"status": "ok", "selection_blind": True}] * 4
+    blind["trials"] = [{"trial_id": f"t{i}", "status": "ok", "selection_blind": True} for i in range(4)]
     blind["selection_blind"] = "every trial's selection metric constant: selection is blind"
     partly = summary("s-partly", "coral", {"id_test/acc": (0.9, 0.01), "test/acc": (0.6, 0.02)})
-    partly["trials"] = [{"status": "ok", "selection_blind": True}] * 3 + [{"status": "ok"}]
+    partly["trials"] = [{"trial_id": f"t{i}", "status": "ok", "selection_blind": i < 3} for i in range(4)]
     partly["selection_blind"] = "3 of 4 trials: selection metric constant: selection is blind"
-    comparison = compare([blind, partly])
+    comparison = compare_json([blind, partly])
     table = render(comparison, "table")
     assert "OOD val acc (BLIND)" in table and table.count("(BLIND)") == 1  # only where no trial could be told apart
     for fmt_name in ("table", "markdown"):

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from raybench.records import SweepSummary
 from raybench.sweep import plots
 
 
@@ -14,15 +15,15 @@ def trial(trial_id: str, lr: float, ratio: int, value, id_acc: float, ood_acc: f
 
 
 @pytest.fixture
-def summary() -> dict:
+def summary() -> SweepSummary:
     trials = [trial("t_00000", 1e-4, 3, 0.60, 0.90, 0.55), trial("t_00001", 1e-3, 7, 0.72, 0.95, 0.66),
               trial("t_00002", 1e-2, 15, 0.41, 0.70, 0.40),
               trial("t_00003", 3e-2, 3, None, math.nan, math.nan, status="failed")]
-    replicates = [{"trial_id": "t_00001", "seed": s, "metrics": {"best/id_test/acc": 0.94 + s / 100,
+    replicates = [{"trial_id": "t_00001", "seed": s, "status": "ok", "metrics": {"best/id_test/acc": 0.94 + s / 100,
                                                                   "best/test/acc": 0.65 + s / 100}} for s in range(3)]
-    return {"name": "demo", "algorithm": "dann", "dataset": "digits-shift", "metric_names": ["acc"],
-            "selection": {"metric": "val/acc"}, "trials": trials, "selected": trials[1],
-            "replicates": {"runs": replicates}}
+    return SweepSummary.from_json({"name": "demo", "algorithm": "dann", "dataset": "digits-shift", "metric_names": ["acc"],
+                                   "selection": {"metric": "val/acc"}, "trials": trials, "selected": trials[1],
+                                   "replicates": {"runs": replicates}})
 
 
 def offsets(collection) -> list[tuple[float, float]]:
@@ -62,8 +63,8 @@ def test_id_ood_plot_has_every_trial_and_replicate_with_both_numbers(summary):
 
 
 def test_without_an_id_split_there_is_no_id_ood_plot(summary):
-    for run in [*summary["trials"], *summary["replicates"]["runs"]]:
-        run["metrics"].pop("best/id_test/acc")
+    for run in [*summary.trials, *summary.replicates.runs]:
+        run.metrics.pop("best/id_test/acc")
     assert plots.id_ood_figure(summary) is None
     assert set(plots.sweep_figures(summary, {}, [])) == {"search.png", "curves.png"}
 

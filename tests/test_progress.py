@@ -5,8 +5,13 @@ import pickle
 
 import pytest
 
+from raybench.records import TrialRecord, TrialStatus
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.results import compute_line, compute_totals
+
+
+def run(metrics: dict[str, float], status: TrialStatus = TrialStatus.OK) -> TrialRecord:
+    return TrialRecord(0, "t", 0, {}, status, metrics=metrics)
 
 
 class FakeClock:
@@ -50,9 +55,9 @@ def test_replayed_trials_and_a_resume_leave_the_rate_alone():
 
 
 def test_compute_totals_sum_every_run_failed_ones_included():
-    runs = [{"status": "ok", "metrics": {"time/wall_s": 10.0, "time/cpu_s": 7.5, "time/gpu_s": 2.5}},
-            {"status": "failed", "metrics": {"time/cpu_s": 1.5}},  # died before its driver could time it
-            {"status": "ok", "metrics": {"time/wall_s": 4.0, "time/cpu_s": 3.0, "time/gpu_s": float("nan")}}]
+    runs = [run({"time/wall_s": 10.0, "time/cpu_s": 7.5, "time/gpu_s": 2.5}),
+            run({"time/cpu_s": 1.5}, TrialStatus.FAILED),  # died before its driver could time it
+            run({"time/wall_s": 4.0, "time/cpu_s": 3.0, "time/gpu_s": float("nan")})]
     totals = compute_totals(runs)
     assert totals == {"runs": 3.0, "wall_s": 14.0, "cpu_s": 12.0, "gpu_s": 2.5}
     line = compute_line({"search": totals, "replicates": compute_totals([])})
@@ -67,8 +72,8 @@ def test_compute_totals_sum_every_run_failed_ones_included():
 
 @pytest.mark.parametrize("missing", ["time/wall_s", "time/cpu_s"])
 def test_a_run_without_a_field_adds_nothing(missing):
-    runs = [{"metrics": {"time/wall_s": 1.0, "time/cpu_s": 1.0}}, {"metrics": {"time/wall_s": 2.0, "time/cpu_s": 2.0}}]
-    del runs[1]["metrics"][missing]
+    runs = [run({"time/wall_s": 1.0, "time/cpu_s": 1.0}), run({"time/wall_s": 2.0, "time/cpu_s": 2.0})]
+    del runs[1].metrics[missing]
     assert compute_totals(runs)[missing.split("/")[1]] == 1.0
 
 

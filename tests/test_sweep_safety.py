@@ -11,6 +11,7 @@ import pytest
 from conftest import cli, on_head, run_cli
 from mlflow.tracking import MlflowClient
 
+from raybench.records import TrialRecord
 from raybench.report_keys import SCHEMA_VERSION, SELECTION_BLIND, SUMMARY_SCHEMA
 from raybench.sweep import results
 from raybench.tracking import SweepTracker, load_sweep_results, redact_uri
@@ -123,7 +124,7 @@ def test_a_name_with_a_quote_round_trips_through_the_tracking_store(store_uri, t
     assert tracker.open_child("k'1", "search-k'1", {}, {"stage": "search"}) == (child, 1)  # a resume skips 0 and 1
     tracker.end_sweep("FINISHED")
     loaded = load_sweep_results(uri, name)
-    assert loaded["name"] == name and loaded["tracking_state"] == "finished"
+    assert loaded.name == name and loaded.stored.state == "finished"
 
 
 def record_sweep(uri: str, name: str, summary_text: str, tmp_path) -> None:
@@ -157,7 +158,7 @@ def test_one_damaged_summary_is_named_and_skipped_and_the_other_sweeps_are_read(
     assert unfinished.line == broken.damage
     with pytest.raises(DamagedRecord, match="sweep broken: its results/summary.json .* is damaged"):
         load_sweep_results(uri, "broken")
-    assert load_sweep_results(uri, "good")["name"] == "good"
+    assert load_sweep_results(uri, "good").name == "good"
 
 
 # A real summary.json from before `schema_version` existed: the masked-LM sweep of test_ssl_sweeps.py (civilcomments
@@ -196,28 +197,33 @@ def test_redaction_keeps_host_and_drops_userinfo():
     assert redact_uri("https://host") == "https://host"
 
 
+def trial(**stored) -> TrialRecord:
+    """A trial as summary.json stores it, with the keys a test names."""
+    return TrialRecord.from_json({"trial_id": "t", **stored})
+
+
 def test_summary_counts_only_the_numbers_it_averages():
-    runs = [{"status": "ok", "metrics": {"a": 0.5}}, {"status": "ok", "metrics": {"a": float("nan")}},
-            {"status": "ok", "metrics": {"a": 0.7}}, {"status": "failed", "metrics": {"a": 0.0}}]
+    runs = [trial(status="ok", metrics={"a": 0.5}), trial(status="ok", metrics={"a": float("nan")}),
+            trial(status="ok", metrics={"a": 0.7}), trial(status="failed", metrics={"a": 0.0})]
     cell = results.summarize(runs)["a"]
     assert cell["n"] == 2 and cell["mean"] == pytest.approx(0.6) and cell["std"] == pytest.approx(math.sqrt(0.02))
 
 
 def test_blind_trials_are_named_in_the_summary():
-    ok = {"status": "ok", "selection_blind": False, "selection_value": 0.5}
-    blind = {"status": "ok", "selection_blind": True}
-    assert results.blindness([ok, {**ok, "selection_value": 0.7}]) is None
+    ok = trial(status="ok", selection_blind=False, selection_value=0.5)
+    blind = trial(status="ok", selection_blind=True)
+    assert results.blindness([ok, trial(status="ok", selection_value=0.7)]) is None
     assert results.blindness([ok, blind]) == f"1 of 2 trials: {SELECTION_BLIND}"
     assert results.blindness([blind, blind]) == f"every trial's {SELECTION_BLIND}"
 
 
 def test_trials_that_all_score_the_same_make_the_search_blind():
     """Each trial's epochs may be well chosen, yet if every trial ties, the search kept the first by order."""
-    tied = [{"status": "ok", "selection_value": 0.0}] * 3 + [{"status": "failed", "selection_value": None}]
+    tied = [trial(status="ok", selection_value=0.0)] * 3 + [trial(status="failed", selection_value=None)]
     assert results.blindness(tied) == ("all 3 trials scored the same selection value (0.0000): choosing among them "
                                        "is blind")
     assert results.blindness(tied[:1]) is None  # one trial: nothing to choose between
-    assert results.blindness([*tied, {"status": "ok", "selection_value": 0.25}]) is None
+    assert results.blindness([*tied, trial(status="ok", selection_value=0.25)]) is None
 
 
 def test_a_trial_whose_selection_metric_never_moves_is_tagged_blind(store_uri, tmp_path, ray_head):

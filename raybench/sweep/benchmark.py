@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from raybench.paths import inside, writable_dir_problem
+from raybench.records import PairState, RecordError, SweepState, SweepSummary
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.errors import OptionError, SweepExists
 from raybench.sweep.progress import duration
@@ -60,7 +61,7 @@ class PairRecord:
     sweep: str
     dataset: str
     method: str
-    status: str = "waiting"  # waiting, running, finished, failed, interrupted
+    status: PairState = PairState.WAITING
     reason: str = ""
     attempts: int = 0
     exit_code: int | None = None
@@ -78,7 +79,7 @@ class Outcome:
     compare_dir: Path | None = None
     mlflow: dict[str, str] = field(default_factory=dict)
 
-    def count(self, status: str) -> int:
+    def count(self, status: PairState) -> int:
         return sum(r.status == status for r in self.records)
 
 
@@ -101,24 +102,24 @@ class DamagedSummary(ValueError):
     (which writes the file anew) while the other pairs go on."""
 
 
-def sweep_summary(storage: Path, pair: Pair) -> dict[str, Any] | None:
+def sweep_summary(storage: Path, pair: Pair) -> SweepSummary | None:
     """The pair's sweep's results; None before it wrote them; a DamagedSummary naming a file no reader can use."""
-    from raybench.tracking import summary_damage
+    from raybench.tracking import read_summary
 
     path = storage / pair.sweep / "results" / "summary.json"
     if not path.is_file():
         return None
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:  # a cut file, stray bytes (UnicodeDecodeError is a ValueError)
         raise DamagedSummary(f"{path} is damaged: not JSON ({one_line(str(err))})") from None
-    damage = summary_damage(summary)
-    if damage is not None:
-        raise DamagedSummary(f"{path} is damaged: {damage}")
-    return summary
+    try:
+        return read_summary(data)
+    except RecordError as err:
+        raise DamagedSummary(f"{path} is damaged: {err}") from None
 
 
-def summary_status(storage: Path, pair: Pair) -> tuple[tuple[str, str] | None, str]:
+def summary_status(storage: Path, pair: Pair) -> tuple[tuple[PairState, str] | None, str]:
     """(finished_status of the pair's summary, "") or, for a damaged summary, (None, why it is damaged)."""
     try:
         return finished_status(sweep_summary(storage, pair)), ""
@@ -131,15 +132,15 @@ def one_line(text: str, length: int = 200) -> str:
     return line if len(line) <= length else line[:length] + "..."
 
 
-def finished_status(summary: dict[str, Any] | None) -> tuple[str, str] | None:
-    """(status, reason) of a pair whose sweep wrote final results; None while it has not."""
-    if summary is None or summary.get("state") != "finished":
+def finished_status(summary: SweepSummary | None) -> tuple[PairState, str] | None:
+    """(status, reason) of a pair whose sweep wrote final results; None while it has not. A pair that selected
+    nothing failed; its reason lists the statuses its trials ended with."""
+    if summary is None or summary.state != SweepState.FINISHED:
         return None
-    if summary.get("selected") is None:
-        trials = [t for t in summary.get("trials", []) if isinstance(t, dict)]
-        reasons = sorted({str(t.get("reason") or t.get("status", "")) for t in trials})
-        return "failed", f"no trial finished ({'; '.join(r for r in reasons if r)[:300] or 'no trials'})"
-    return "finished", ""
+    if summary.selected is None:
+        reasons = sorted({t.status.value for t in summary.trials})
+        return PairState.FAILED, f"no trial finished ({'; '.join(r for r in reasons if r)[:300] or 'no trials'})"
+    return PairState.FINISHED, ""
 
 
 def runs_done(storage: Path, pair: Pair) -> int:
@@ -179,15 +180,17 @@ def load_records(path: Path, benchmark: Benchmark) -> dict[str, PairRecord]:
 
 
 def _saved_record(entry: Any, pair: Pair) -> PairRecord:
-    """A pair's record as saved, keeping only the fields of the right type (a hand-edited or cut file cannot
-    break the benchmark); its status is read again from the sweep's own results before anything runs."""
+    """A pair's record as saved, keeping only the fields of the right type and a status this raybench knows (a
+    hand-edited or cut file cannot break the benchmark); its status is read again from the sweep's own results
+    before anything runs."""
     record = PairRecord(pair.sweep, pair.dataset, pair.method)
     if isinstance(entry, dict):
-        for name, kind in (("status", str), ("reason", str), ("attempts", int), ("exit_code", int),
-                           ("seconds", (int, float))):
+        for name, kind in (("reason", str), ("attempts", int), ("exit_code", int), ("seconds", (int, float))):
             value = entry.get(name)
             if isinstance(value, kind) and not isinstance(value, bool):
                 setattr(record, name, value)
+        if entry.get("status") in {state.value for state in PairState}:
+            record.status = PairState(entry["status"])
     return record
 
 
@@ -354,14 +357,15 @@ class Progress:
         return sum(runs_done(self.storage, p) for p in self.benchmark.pairs)
 
     def line(self, records: dict[str, PairRecord]) -> str:
-        counts = {s: sum(r.status == s for r in records.values()) for s in ("finished", "failed", "running")}
+        counts = {s: sum(r.status == s for r in records.values())
+                  for s in (PairState.FINISHED, PairState.FAILED, PairState.RUNNING)}
         total_runs = sum(p.runs for p in self.benchmark.pairs)
         done = self.runs()
         elapsed = time.time() - self.started
         pace = (done - self.runs_at_start) / elapsed if elapsed > 0 else 0.0
         eta = f"ETA ~{duration(max(total_runs - done, 0) / pace)}" if pace > 0 else "ETA unknown until a run finishes"
-        return (f"benchmark {self.benchmark.name}: pairs {counts['finished']}/{len(records)} finished, "
-                f"{counts['failed']} failed, {counts['running']} running; runs {done}/~{total_runs} done; "
+        return (f"benchmark {self.benchmark.name}: pairs {counts[PairState.FINISHED]}/{len(records)} finished, "
+                f"{counts[PairState.FAILED]} failed, {counts[PairState.RUNNING]} running; runs {done}/~{total_runs} done; "
                 f"elapsed {duration(elapsed)}, {eta}")
 
 
@@ -390,8 +394,8 @@ def run_benchmark(benchmark: Benchmark, options: BenchmarkOptions, say: Callable
         tracker.end_benchmark(_summary_markdown(benchmark, records), "KILLED" if stopped else "FAILED",
                               note=str(err) or type(err).__name__)
         raise
-    status = "FINISHED" if outcome.count("finished") == len(records) else "FAILED"
-    failed = "; ".join(f"{r.method} on {r.dataset}: {r.reason}" for r in records.values() if r.status == "failed")
+    status = "FINISHED" if outcome.count(PairState.FINISHED) == len(records) else "FAILED"
+    failed = "; ".join(f"{r.method} on {r.dataset}: {r.reason}" for r in records.values() if r.status == PairState.FAILED)
     tracker.end_benchmark(_summary_markdown(benchmark, records), status, note=failed or None)
     outcome.mlflow = {"experiment_id": tracker.experiment_id, "run_id": parent}
     return outcome
@@ -448,7 +452,7 @@ class PairRunner:
         except KeyboardInterrupt:
             _stop(self.running, self.ended, self.records, self.options.storage, self.folder)
             save_records(self.state_path, self.benchmark, self.records)
-            finished = sum(r.status == "finished" for r in self.records.values())
+            finished = sum(r.status == PairState.FINISHED for r in self.records.values())
             raise BenchmarkInterrupted(f"benchmark {self.benchmark.name!r} interrupted: {finished} of "
                                        f"{len(self.records)} pairs finished") from None
 
@@ -460,11 +464,11 @@ class PairRunner:
             if damage:
                 self.say(f"{pair.label}: {damage}; not counted as finished: its sweep runs again (resuming it)")
             record = self.records[pair.sweep]
-            if done is not None and done[0] == "finished":
+            if done is not None and done[0] == PairState.FINISHED:
                 record.status, record.reason = done
                 self.say(f"{pair.label}: finished earlier (sweep {pair.sweep}); not run again")
             else:
-                record.status = "waiting"
+                record.status = PairState.WAITING
                 waiting.append(pair)
         for refused in self.benchmark.refused:
             self.say(f"{refused.method} on {refused.dataset}: not run: {refused.reason}")
@@ -479,7 +483,7 @@ class PairRunner:
         threading.Thread(target=lambda: (job.process.wait(), self.ended.put(job)), daemon=True).start()
         self.running.append(job)
         record = self.records[pair.sweep]
-        record.status, record.attempts, record.reason = "running", record.attempts + 1, ""
+        record.status, record.attempts, record.reason = PairState.RUNNING, record.attempts + 1, ""
         save_records(self.state_path, self.benchmark, self.records)
         self.say(f"{pair.label}: started sweep {pair.sweep}{' (resuming it)' if resume else ''}")
 
@@ -500,9 +504,10 @@ def _record_end(job: Running, record: PairRecord, storage: Path, directory: Path
     if code == 0 and done is not None:
         record.status, record.reason = done
     elif code in INTERRUPTED_CODES or code == -signal.SIGTERM:
-        record.status, record.reason = "interrupted", "stopped by a signal; --resume continues it"
+        record.status, record.reason = PairState.INTERRUPTED, "stopped by a signal; --resume continues it"
     else:
-        record.status, record.reason = "failed", damage or exit_reason(code, directory / "logs" / f"{job.pair.sweep}.log")
+        record.status = PairState.FAILED
+        record.reason = damage or exit_reason(code, directory / "logs" / f"{job.pair.sweep}.log")
 
 
 def _stop(running: list[Running], ended: queue.Queue[Running], records: dict[str, PairRecord], storage: Path,
@@ -583,10 +588,11 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
 
 
 def outcome_text(outcome: Outcome) -> str:
-    lines = [(f"benchmark {outcome.name}: {outcome.count('finished')} of {len(outcome.records)} pairs finished, "
-             f"{outcome.count('failed')} failed, {len(outcome.refused)} not run, in {duration(outcome.wall_seconds)}")]
+    lines = [(f"benchmark {outcome.name}: {outcome.count(PairState.FINISHED)} of {len(outcome.records)} pairs "
+             f"finished, {outcome.count(PairState.FAILED)} failed, {len(outcome.refused)} not run, in "
+             f"{duration(outcome.wall_seconds)}")]
     lines += [f"  FAILED {r.method} on {r.dataset} (sweep {r.sweep}): {r.reason}" for r in outcome.records
-              if r.status == "failed"]
+              if r.status == PairState.FAILED]
     if outcome.compare_dir is not None:
         lines += ["", (outcome.compare_dir / "compare.txt").read_text().rstrip(), "",
                   f"comparison in every format: {outcome.compare_dir}"]

@@ -21,8 +21,9 @@ from typing import Any
 import pandas as pd
 
 from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
+from raybench.records import Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.report_keys import BEST_PREFIX
-from raybench.sweep.results import OK, SELECTABLE, BudgetSummary, fmt, split_labels
+from raybench.sweep.results import BudgetSummary, fmt, split_labels
 
 FORMATS = ("table", "csv", "json", "markdown", "latex")
 BEST, WITHIN = "best", "within one std"
@@ -127,20 +128,20 @@ class Comparison:
 
 
 # ----- building ----------------------------------------------------------------------------------
-def compare(summaries: Sequence[dict[str, Any]], unfinished: Sequence[UnfinishedSweep] = (),
+def compare(summaries: Sequence[SweepSummary], unfinished: Sequence[UnfinishedSweep] = (),
             selection: str | None = None) -> Comparison:
-    """Summaries of sweeps (as `raybench results --format json` gives them) in the order the rows should take.
+    """Summaries of sweeps (as `raybench results` reads them) in the order the rows should take.
     Sweeps that did not finish, or finished without a replicate result, join `unfinished`."""
-    by_dataset: dict[str, list[dict[str, Any]]] = {}
+    by_dataset: dict[str, list[SweepSummary]] = {}
     left = list(unfinished)
     for summary in summaries:
-        if selection and summary["selection"]["strategy"] != selection:
+        if selection and summary.selection.strategy != selection:
             continue
         reason = _not_comparable(summary)
         if reason:
-            left.append(UnfinishedSweep(summary["name"], summary["dataset"], summary["algorithm"], reason))
+            left.append(UnfinishedSweep(summary.name, summary.dataset, summary.algorithm, reason))
             continue
-        by_dataset.setdefault(summary["dataset"], []).append(summary)
+        by_dataset.setdefault(summary.dataset, []).append(summary)
     tables = [_table(dataset, dataset_summaries) for dataset, dataset_summaries in by_dataset.items()]
     return Comparison(tables, left)
 
@@ -155,25 +156,26 @@ def from_records(records: Sequence[Any], selection: str | None = None) -> Compar
     return compare([r.summary for r in records if r.summary], unfinished, selection)
 
 
-def _not_comparable(summary: dict[str, Any]) -> str | None:
-    state = summary.get("tracking_state", summary.get("state", "finished"))
-    if state != "finished" or summary.get("state", "finished") != "finished":
-        return summary.get("state_line") or f"sweep {summary['name']}: {state}; its results are partial"
-    if summary.get("selected") is None or not summary["replicates"]["ok"]:
-        return f"sweep {summary['name']}: finished without a replicate result (no trial or replicate finished)"
+def _not_comparable(summary: SweepSummary) -> str | None:
+    """Why a sweep has no row: the store says it is not finished (or its summary does), or nothing finished."""
+    state = summary.stored.state if summary.stored and summary.stored.state is not None else summary.state
+    if state != SweepState.FINISHED or not summary.finished:
+        return summary.state_line or f"sweep {summary.name}: {state}; its results are partial"
+    if summary.selected is None or not summary.replicates.ok:
+        return f"sweep {summary.name}: finished without a replicate result (no trial or replicate finished)"
     return None
 
 
-def columns_of(summary: dict[str, Any]) -> list[Column]:
+def columns_of(summary: SweepSummary) -> list[Column]:
     """The report cells the sweep recorded; summaries older than that: ID and OOD test of the selection metric."""
-    stored = (summary.get("report") or {}).get("columns")
+    stored = (summary.report or {}).get("columns")
     if stored:
         return [Column(c["key"], c["label"]) for c in stored]
-    metric = summary["selection"]["metric"].partition("/")[2]
+    metric = summary.selection.metric.partition("/")[2]
     return [Column(f"{split}/{metric}", column_label(split, metric, SHIFT_SPLIT_LABELS)) for split in ("id_test", "test")]
 
 
-def _table(dataset: str, summaries: list[dict[str, Any]]) -> DatasetTable:
+def _table(dataset: str, summaries: list[SweepSummary]) -> DatasetTable:
     columns: list[Column] = []
     for summary in summaries:
         columns += [c for c in columns_of(summary) if c.key not in {k.key for k in columns}]
@@ -182,43 +184,42 @@ def _table(dataset: str, summaries: list[dict[str, Any]]) -> DatasetTable:
     return DatasetTable(dataset, columns, rank_key, _marked(rows, rank_key))
 
 
-def _row(summary: dict[str, Any], columns: list[Column]) -> MethodRow:
-    replicate_summary = summary["replicates"]["summary"]
+def _row(summary: SweepSummary, columns: list[Column]) -> MethodRow:
+    replicates = summary.replicates
     cells = {}
     for column in columns:
-        cell = replicate_summary.get(f"{BEST_PREFIX}{column.key}")
+        cell = replicates.summary.get(f"{BEST_PREFIX}{column.key}")
         cells[column.key] = Cell(cell["mean"], _nan_if_none(cell["std"]), int(cell["n"])) if cell else None
-    strategy = summary["selection"]["strategy"]
-    compute = summary.get("compute") or {}
+    compute = summary.compute or {}
     return MethodRow(
-        method=Path(summary.get("space") or summary["algorithm"]).stem, sweep=summary["name"],
-        algorithm=summary["algorithm"], selection=strategy, selection_label=_selection_words(summary),
-        analysis_only=_analysis_only(summary["selection"]),
-        trials=len(summary["trials"]), trials_ok=sum(t["status"] in SELECTABLE for t in summary["trials"]),
-        replicates=len(summary["replicates"]["seeds"]), replicates_ok=int(summary["replicates"]["ok"]), cells=cells,
-        blind=summary.get("selection_blind") or "", blind_everywhere=_blind_everywhere(summary["trials"]),
-        budget=BudgetSummary.from_metrics(replicate_summary),
+        method=Path(summary.space or summary.algorithm).stem, sweep=summary.name,
+        algorithm=summary.algorithm, selection=summary.selection.strategy, selection_label=_selection_words(summary),
+        analysis_only=_analysis_only(summary.selection),
+        trials=len(summary.trials), trials_ok=sum(t.status.selectable for t in summary.trials),
+        replicates=len(replicates.seeds), replicates_ok=int(replicates.ok), cells=cells,
+        blind=summary.selection_blind or "", blind_everywhere=_blind_everywhere(summary.trials),
+        budget=BudgetSummary.from_metrics(replicates.summary),
         **{name: _total(compute, key) for name, key in (("trial_seconds", "wall_s"), ("cpu_seconds", "cpu_s"),
                                                          ("gpu_seconds", "gpu_s"))})
 
 
-def _blind_everywhere(trials: list[dict[str, Any]]) -> bool:
-    finished = [t for t in trials if t["status"] == OK]
-    return bool(finished) and all(t.get("selection_blind") for t in finished)
+def _blind_everywhere(trials: list[TrialRecord]) -> bool:
+    finished = [t for t in trials if t.status == TrialStatus.OK]
+    return bool(finished) and all(t.selection_blind for t in finished)
 
 
-def _selection_words(summary: dict[str, Any]) -> str:
+def _selection_words(summary: SweepSummary) -> str:
     """What picked the config, in the dataset's words, also for summaries written before sweeps said so."""
-    return selection_label(summary["selection"]["metric"], split_labels(summary), _analysis_only(summary["selection"]))
+    return selection_label(summary.selection.metric, split_labels(summary), _analysis_only(summary.selection))
 
 
-def _analysis_only(selection: dict[str, Any]) -> bool:
+def _analysis_only(selection: Selection) -> bool:
     """As the sweep recorded it; summaries older than that: as the strategy is registered (imports torch)."""
-    if "analysis_only" in selection:
-        return bool(selection["analysis_only"])
+    if selection.analysis_only is not None:
+        return bool(selection.analysis_only)
     from raybench.sweep.selection import SELECTIONS
 
-    return SELECTIONS.get(selection["strategy"]).analysis_only
+    return SELECTIONS.get(selection.strategy).analysis_only
 
 
 def _median(values: list[float]) -> float:

@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator, NullFormatter
 
 from raybench.labels import METRIC_LABELS
+from raybench.records import SweepSummary
 from raybench.report_keys import BEST_PREFIX
 from raybench.sweep.results import split_labels
 
@@ -57,25 +58,25 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _title(summary: Mapping[str, Any], what: str) -> str:
-    return f"{summary['name']}: {summary['algorithm']} on {summary['dataset']} — {what}"
+def _title(summary: SweepSummary, what: str) -> str:
+    return f"{summary.name}: {summary.algorithm} on {summary.dataset} — {what}"
 
 
 def _percent_label(split: str, metric: str) -> str:
     return f"{split} {metric} (%)"
 
 
-def search_figure(summary: Mapping[str, Any], scales: Mapping[str, str]) -> Figure:
+def search_figure(summary: SweepSummary, scales: Mapping[str, str]) -> Figure:
     """Selection value against each searched hyperparameter; trials without a value are left out."""
-    names = sorted({name for trial in summary["trials"] for name in trial["sampled"]})
+    names = sorted({name for trial in summary.trials for name in trial.sampled})
     columns = max(len(names), 1)
     figure, axes = plt.subplots(1, columns, figsize=(max(4.2 * columns, 7.0), 4.2), squeeze=False)
-    metric = summary["selection"]["metric"]
-    selected = (summary.get("selected") or {}).get("trial_id")
-    scored = [t for t in summary["trials"] if _finite(t.get("selection_value"))]
+    metric = summary.selection.metric
+    selected = summary.selected.trial_id if summary.selected else None
+    scored = [t for t in summary.trials if _finite(t.selection_value)]
     for ax, name in zip(axes[0], names):
-        points = [(t["sampled"][name], 100 * t["selection_value"], t["trial_id"] == selected)
-                  for t in scored if name in t["sampled"]]
+        points = [(t.sampled[name], 100 * t.selection_value, t.trial_id == selected)
+                  for t in scored if name in t.sampled]
         xs = _positions(ax, [x for x, _, _ in points], scales.get(name))
         ax.scatter(xs, [y for _, y, _ in points], color="tab:blue", alpha=0.8, label="trial")
         best = [(x, y) for x, (_, y, is_selected) in zip(xs, points) if is_selected]
@@ -114,10 +115,10 @@ def _positions(ax: Any, values: list[Any], scale: str | None) -> list[float]:
     return [float(choices.index(v)) for v in values]
 
 
-def curves_figure(summary: Mapping[str, Any], curves: Sequence[Curve]) -> Figure:
+def curves_figure(summary: SweepSummary, curves: Sequence[Curve]) -> Figure:
     """The selection metric per epoch, one line per run (the selected trial, then its replicates)."""
     figure, ax = plt.subplots(figsize=(6.4, 4.2))
-    metric = summary["selection"]["metric"]
+    metric = summary.selection.metric
     for curve in curves:
         ax.plot(list(curve.epochs), [100 * v for v in curve.values], marker="o", label=curve.label)
     ax.set_xlabel("epoch")
@@ -131,28 +132,28 @@ def curves_figure(summary: Mapping[str, Any], curves: Sequence[Curve]) -> Figure
     return figure
 
 
-def id_ood_keys(summary: Mapping[str, Any]) -> tuple[str, str, str] | None:
+def id_ood_keys(summary: SweepSummary) -> tuple[str, str, str] | None:
     """(ID key, OOD key, metric) of the headline metric: ID test if the dataset has it, else ID val."""
-    runs = [*summary["trials"], *summary["replicates"]["runs"]]
-    keys = set().union(*(r.get("metrics", {}) for r in runs)) if runs else set()
-    for metric in summary.get("metric_names", ()):
+    runs = [*summary.trials, *summary.replicates.runs]
+    keys = set().union(*(r.metrics for r in runs)) if runs else set()
+    for metric in summary.metric_names:
         for id_split in ("id_test", "id_val"):
             if f"{BEST_PREFIX}{id_split}/{metric}" in keys and f"{BEST_PREFIX}test/{metric}" in keys:
                 return f"{BEST_PREFIX}{id_split}/{metric}", f"{BEST_PREFIX}test/{metric}", metric
     return None
 
 
-def id_ood_figure(summary: Mapping[str, Any]) -> Figure | None:
+def id_ood_figure(summary: SweepSummary) -> Figure | None:
     """ID against OOD test of every trial (circles) and replicate (triangles); None without both splits."""
     keys = id_ood_keys(summary)
     if keys is None:
         return None
     id_key, ood_key, metric = keys
     figure, ax = plt.subplots(figsize=(5.6, 4.8))
-    for runs, style in ((summary["trials"], {"marker": "o", "label": "search trial"}),
-                        (summary["replicates"]["runs"], {"marker": "^", "label": "replicate of the selected config"})):
-        points = [(100 * r["metrics"][id_key], 100 * r["metrics"][ood_key]) for r in runs
-                  if _finite(r.get("metrics", {}).get(id_key)) and _finite(r.get("metrics", {}).get(ood_key))]
+    for runs, style in ((summary.trials, {"marker": "o", "label": "search trial"}),
+                        (summary.replicates.runs, {"marker": "^", "label": "replicate of the selected config"})):
+        points = [(100 * r.metrics[id_key], 100 * r.metrics[ood_key]) for r in runs
+                  if _finite(r.metrics.get(id_key)) and _finite(r.metrics.get(ood_key))]
         if points:
             ax.scatter(*zip(*points), alpha=0.8, **style)
     low, high = ax.get_xlim()
@@ -168,7 +169,7 @@ def id_ood_figure(summary: Mapping[str, Any]) -> Figure | None:
     return figure
 
 
-def sweep_figures(summary: Mapping[str, Any], scales: Mapping[str, str], curves: Sequence[Curve]) -> dict[str, Figure]:
+def sweep_figures(summary: SweepSummary, scales: Mapping[str, str], curves: Sequence[Curve]) -> dict[str, Figure]:
     """Every figure of one sweep, by file name."""
     figures = {"search.png": search_figure(summary, scales), "curves.png": curves_figure(summary, curves)}
     id_ood = id_ood_figure(summary)

@@ -67,6 +67,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raybench.budget import BUDGET_PREFIX
 from raybench.paths import StorageFull, disk_full_errno_in, inside, write_text_atomically
+from raybench.records import TrialRecord, TrialStatus
 from raybench.report_keys import BEST_PREFIX, BLIND_INFO, GPU_S, NODE, NOTE_INFO, SELECTION_BEST, TIME_PREFIX, WALL_S
 from raybench.sweep.atomic_storage import atomic_local_filesystem
 from raybench.sweep.errors import ClusterError
@@ -86,7 +87,6 @@ from raybench.sweep.ray_worker import (
     flat_report,
     train_worker_loop,
 )
-from raybench.sweep.results import FAILED, INTERRUPTED, OK, SELECTABLE, STOPPED
 from raybench.sweep.sampling import MAX_REDRAWS, SAMPLERS, config_key, optuna_distribution
 from raybench.sweep.space import ResolvedSpace, run_key
 from raybench.trainer import EpochReport
@@ -956,7 +956,7 @@ def error_reason(trial: Any) -> str:
     return "unknown error"
 
 
-# ----- results back to plain records --------------------------------------------------------------------------
+# ----- results back to typed records --------------------------------------------------------------------------
 def _order(result: Any, metrics: dict[str, Any], fallback: int) -> int:
     """The trial's creation index, which Tune writes into its folder name: <trainable>_<id>_<index>_<params>."""
     tune_id = str(metrics.get("trial_id", ""))
@@ -985,16 +985,16 @@ def _checkpoint_path(result: Any, metrics: dict[str, Any]) -> str | None:
     return result.checkpoint.path if result.checkpoint is not None else None
 
 
-def _status(reason: str | None, record: dict[str, Any] | None) -> str:
+def _status(reason: str | None, record: dict[str, Any] | None) -> TrialStatus:
     if reason:
-        return FAILED
+        return TrialStatus.FAILED
     if record is None:
-        return INTERRUPTED
-    return STOPPED if record.get(STOPPED_KEY) else OK
+        return TrialStatus.INTERRUPTED
+    return TrialStatus.STOPPED if record.get(STOPPED_KEY) else TrialStatus.OK
 
 
-def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[dict[str, Any]]:
-    """One plain record per trial: identity, sampled config, status and reason, metrics at its best epoch.
+def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[TrialRecord]:
+    """One record per trial: identity, sampled config, status and reason, metrics at its best epoch.
 
     A trial counts as finished only when its driver wrote its completed record: one that Tune stopped
     on an interrupt has reported some epochs but is `interrupted`, never `ok`."""
@@ -1010,19 +1010,19 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
         metrics.update({k: v for k, v in (record or {}).items() if k.startswith(TIME_PREFIX)})
         reason = _reason(result, metrics, record is not None)
         status = _status(reason, record)
-        records.append({
-            "order": _order(result, metrics, index),
-            "trial_id": trial_id(config),
-            "seed": config.get("seed", 0),
-            "sampled": sampled,
-            "status": status,
-            "failure_reason": reason,
-            "selection_value": metrics.get(SELECTION_BEST) if status in SELECTABLE else None,
-            "best_epoch": metrics.get("best_epoch"),
-            "selection_blind": bool(metrics.get(BLIND_INFO)),
-            "selection_note": metrics.get(NOTE_INFO),
-            "metrics": {k: v for k, v in metrics.items() if k.startswith((BEST_PREFIX, TIME_PREFIX, BUDGET_PREFIX)) and isinstance(v, (int, float))},
-            "checkpoint": _checkpoint_path(result, metrics),
-            "node": (record or metrics).get(NODE),
-        })
-    return sorted(records, key=lambda r: r["order"])
+        records.append(TrialRecord(
+            order=_order(result, metrics, index),
+            trial_id=trial_id(config),
+            seed=config.get("seed", 0),
+            sampled=sampled,
+            status=status,
+            failure_reason=reason,
+            selection_value=metrics.get(SELECTION_BEST) if status.selectable else None,
+            best_epoch=metrics.get("best_epoch"),
+            selection_blind=bool(metrics.get(BLIND_INFO)),
+            selection_note=metrics.get(NOTE_INFO),
+            metrics={k: v for k, v in metrics.items() if k.startswith((BEST_PREFIX, TIME_PREFIX, BUDGET_PREFIX)) and isinstance(v, (int, float))},
+            checkpoint=_checkpoint_path(result, metrics),
+            node=(record or metrics).get(NODE),
+        ))
+    return sorted(records, key=lambda r: r.order)

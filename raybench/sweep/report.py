@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from raybench.records import SweepSummary, TrialRecord
 from raybench.report_keys import BEST_PREFIX
 from raybench.sweep.progress import duration
 from raybench.sweep.results import (
@@ -31,25 +32,25 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def trial_rows(summary: dict[str, Any]) -> pd.DataFrame:
-    rows = [{"trial_id": t["trial_id"], "status": t["status"] + (" (blind)" if t.get("selection_blind") else ""),
-             "selection_value": t["selection_value"],
-             "best_epoch": t["best_epoch"], **_budget_cells(t), "failure_reason": t["failure_reason"],
-             **{f"config.{k}": v for k, v in sorted(t["sampled"].items())}} for t in summary["trials"]]
+def trial_rows(summary: SweepSummary) -> pd.DataFrame:
+    rows = [{"trial_id": t.trial_id, "status": t.status.value + (" (blind)" if t.selection_blind else ""),
+             "selection_value": t.selection_value,
+             "best_epoch": t.best_epoch, **_budget_cells(t), "failure_reason": t.failure_reason,
+             **{f"config.{k}": v for k, v in sorted(t.sampled.items())}} for t in summary.trials]
     return pd.DataFrame(rows)
 
 
-def _budget_cells(trial: dict[str, Any]) -> dict[str, Any]:
+def _budget_cells(trial: TrialRecord) -> dict[str, Any]:
     """A trial's planned steps and their ratio to the WILDS rule's (blank when it recorded none)."""
-    budget = BudgetSummary.from_metrics(trial.get("metrics") or {})
+    budget = BudgetSummary.from_metrics(trial.metrics)
     if budget is None:
         return {"steps": "", "x protocol": ""}
     return {"steps": f"{budget.steps:.0f}", "x protocol": f"{budget.protocol_ratio:.2f}"}
 
 
-def render(summary: dict[str, Any], fmt_name: str) -> str:
+def render(summary: SweepSummary, fmt_name: str) -> str:
     if fmt_name == "json":
-        return json.dumps(_json_safe(summary), indent=2, sort_keys=True, default=str)
+        return json.dumps(_json_safe(summary.to_json()), indent=2, sort_keys=True, default=str)
     if fmt_name == "csv":
         buffer = io.StringIO()
         trial_rows(summary).to_csv(buffer, index=False)
@@ -57,36 +58,36 @@ def render(summary: dict[str, Any], fmt_name: str) -> str:
     return table(summary)
 
 
-def table(summary: dict[str, Any]) -> str:
-    sel, rep = summary.get("selected"), summary["replicates"]
-    metric = summary["selection"]["metric"]
-    out = [(f"sweep {summary['name']}: {summary['algorithm']} on {summary['dataset']}, "
-           f"selected on {summary['selection']['label']} ({metric})"), ""]
-    if summary.get("state_line"):
-        out[1:1] = [summary["state_line"]]
+def table(summary: SweepSummary) -> str:
+    sel, rep = summary.selected, summary.replicates
+    metric = summary.selection.metric
+    out = [(f"sweep {summary.name}: {summary.algorithm} on {summary.dataset}, "
+           f"selected on {summary.selection.label} ({metric})"), ""]
+    if summary.state_line:
+        out[1:1] = [summary.state_line]
     out += [f"! {line}" for line in notices(summary)] + ([""] if notices(summary) else [])
     frame = trial_rows(summary)
     if not frame.empty:
         frame["selection_value"] = frame["selection_value"].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.4f}")
         frame["failure_reason"] = frame["failure_reason"].fillna("")
         out += [frame.to_string(index=False), ""]
-    if summary.get("compute"):
-        out += [f"wall time {duration(summary['wall_seconds'])}. {compute_line(summary['compute'])}", ""]
-    if summary.get("tracking"):
+    if summary.compute:
+        out += [f"wall time {duration(summary.wall_seconds)}. {compute_line(summary.compute)}", ""]
+    if summary.tracking:
         out += [summary_tracking_line(summary), ""]
     if sel is None:
         out.append(nothing_selected(summary))
         return "\n".join(out)
-    config = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(sel["sampled"].items()))
-    out += [f"selected {sel['trial_id']}: {config}",
-            (f"replicates: {rep['ok']}/{len(rep['seeds'])} seeds finished, metrics at each replicate's best-{metric} epoch "
+    config = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(sel.sampled.items()))
+    out += [f"selected {sel.trial_id}: {config}",
+            (f"replicates: {rep.ok}/{len(rep.seeds)} seeds finished, metrics at each replicate's best-{metric} epoch "
             f"(mean ± std over seeds, %)")]
-    budget = BudgetSummary.from_metrics(rep["summary"])
+    budget = BudgetSummary.from_metrics(rep.summary)
     if budget is not None:
         out.insert(-1, f"budget per replicate: {budget.text()}")
     rows = []
     for split, label in summary_splits(summary):
-        cells = {m: fmt(rep["summary"].get(f"{BEST_PREFIX}{split}/{m}")) for m in summary["metric_names"]}
+        cells = {m: fmt(rep.summary.get(f"{BEST_PREFIX}{split}/{m}")) for m in summary.metric_names}
         if any(c != "n/a" for c in cells.values()):
             rows.append({"split": label, **cells})
     if rows:

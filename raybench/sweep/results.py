@@ -1,7 +1,7 @@
 """Result tables of a sweep: trials, the selected config and the replicate summary (WILDS Table 2 cells).
 
-Pure pandas, no Ray: the runner hands over plain records, this module shapes, summarises and
-writes them atomically (raybench.paths.write_atomically: temp file, fsync, rename), so a crash or a full
+Pure pandas, no Ray: the runner hands over typed records (raybench.records), this module shapes, summarises
+and writes them atomically (raybench.paths.write_atomically: temp file, fsync, rename), so a crash or a full
 disk never leaves a half-written table.
 """
 from __future__ import annotations
@@ -19,11 +19,9 @@ import pandas as pd
 from raybench.budget import StepRatios
 from raybench.labels import SHIFT_SPLIT_LABELS
 from raybench.paths import write_atomically, write_text_atomically  # cli and benchmark import the latter from here
+from raybench.records import SweepSummary, TrialRecord, TrialStatus
 from raybench.report_keys import BEST_PREFIX, CPU_S, GPU_S, SELECTION_BLIND, WALL_S
 
-OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
-STOPPED = "stopped early"  # finished when an early-stopping scheduler (ASHA) asked: selectable on its best epoch
-SELECTABLE = (OK, STOPPED)
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
 COMPUTE_KEYS = {"wall_s": WALL_S, "cpu_s": CPU_S, "gpu_s": GPU_S}
 
@@ -68,12 +66,12 @@ class BudgetSummary(StepRatios):
         return f"{self.steps:.0f} st, {self.labeled_passes:.1f} lp, {self.erm_ratio:.2f}x ERM"
 
 
-def split_labels(summary: dict[str, Any]) -> dict[str, str]:
+def split_labels(summary: SweepSummary) -> dict[str, str]:
     """What this sweep's dataset calls its splits (summaries written before they said so: WILDS's words)."""
-    return dict((summary.get("report") or {}).get("split_labels") or SHIFT_SPLIT_LABELS)
+    return dict((summary.report or {}).get("split_labels") or SHIFT_SPLIT_LABELS)
 
 
-def summary_splits(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def summary_splits(summary: SweepSummary) -> list[tuple[str, str]]:
     """(split, label) of a replicate table's rows: test splits first, then validation."""
     labels = split_labels(summary)
     return [(split, labels[split]) for split in ("id_test", "test", "id_val", "val") if split in labels]
@@ -84,23 +82,23 @@ def replicate_seeds(trial_id: str, count: int) -> list[int]:
     return [int(hashlib.sha256(f"{trial_id}/replicate/{i}".encode()).hexdigest()[:8], 16) for i in range(count)]
 
 
-def select_best(trials: list[dict[str, Any]]) -> dict[str, Any] | None:
+def select_best(trials: list[TrialRecord]) -> TrialRecord | None:
     """The finished trial (run to its end or stopped early) with the highest selection value at its best
     epoch; ties go to the earlier-sampled trial."""
-    candidates = [t for t in trials if t["status"] in SELECTABLE and _finite(t.get("selection_value"))]
+    candidates = [t for t in trials if t.status.selectable and _finite(t.selection_value)]
     if not candidates:
         return None
-    return max(candidates, key=lambda t: (t["selection_value"], -t["order"]))
+    return max(candidates, key=lambda t: (t.selection_value, -t.order))
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def summarize(replicates: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def summarize(replicates: list[TrialRecord]) -> dict[str, dict[str, float]]:
     """Mean and sample std (ddof=1) of every metric at each replicate's best-validation epoch; `n` counts
     the finite values that went into them (a NaN metric is left out of all three)."""
-    ok = [r["metrics"] for r in replicates if r["status"] == OK]
+    ok = [r.metrics for r in replicates if r.status == TrialStatus.OK]
     keys = sorted({k for m in ok for k in m})
     summary = {}
     for key in keys:
@@ -112,13 +110,13 @@ def summarize(replicates: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return summary
 
 
-def compute_totals(runs: list[dict[str, Any]]) -> dict[str, float]:
+def compute_totals(runs: list[TrialRecord]) -> dict[str, float]:
     """What a stage's runs used, summed over all of them: failed and interrupted runs used compute too.
     wall_s is trial-seconds (each run's own wall time), cpu_s its workers' process time, gpu_s the GPUs it
     held times its wall time."""
     totals: dict[str, float] = {"runs": float(len(runs))}
     for name, key in COMPUTE_KEYS.items():
-        totals[name] = float(sum(r["metrics"].get(key, 0.0) for r in runs if _finite(r["metrics"].get(key))))
+        totals[name] = float(sum(r.metrics.get(key, 0.0) for r in runs if _finite(r.metrics.get(key))))
     return totals
 
 
@@ -142,16 +140,16 @@ def tracking_line(stats: dict[str, float], wall_s: float, runs: int) -> str:
             f"{int(stats['failed'])} failed, {int(stats['retried']) + int(stats['http_retries'])} retried")
 
 
-def summary_tracking_line(summary: dict[str, Any]) -> str:
-    runs = sum(int(stage["runs"]) for stage in summary.get("compute", {}).values())
-    return tracking_line(summary["tracking"], summary["wall_seconds"], runs)
+def summary_tracking_line(summary: SweepSummary) -> str:
+    runs = sum(int(stage["runs"]) for stage in (summary.compute or {}).values())
+    return tracking_line(summary.tracking or {}, summary.wall_seconds, runs)
 
 
-def blindness(trials: list[dict[str, Any]]) -> str | None:
+def blindness(trials: list[TrialRecord]) -> str | None:
     """One line when trials' selection metric never moved: that selection picked by chance, not by merit."""
     # Trials that ran to their end: one stopped early (ASHA) ended right after a report, before the check.
-    finished = [t for t in trials if t["status"] == OK]
-    blind = [t for t in finished if t.get("selection_blind")]
+    finished = [t for t in trials if t.status == TrialStatus.OK]
+    blind = [t for t in finished if t.selection_blind]
     if len(blind) == len(finished) and blind:
         return f"every trial's {SELECTION_BLIND}"
     if blind:
@@ -159,33 +157,33 @@ def blindness(trials: list[dict[str, Any]]) -> str | None:
     return tied_trials(finished)
 
 
-def tied_trials(finished: list[dict[str, Any]]) -> str | None:
+def tied_trials(finished: list[TrialRecord]) -> str | None:
     """One line when two or more finished trials all scored the same selection value: the search then kept
     the first by order, not by merit, however well each trial's own epochs were chosen."""
-    values = [t.get("selection_value") for t in finished]
+    values = [t.selection_value for t in finished]
     if len(values) < 2 or any(v is None for v in values) or len(set(values)) > 1:
         return None
     return f"all {len(values)} trials scored the same selection value ({values[0]:.4f}): choosing among them is blind"
 
 
-def trials_frame(trials: list[dict[str, Any]]) -> pd.DataFrame:
+def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
+    """One row per trial (trials.csv): built from the records' JSON, so a status is its stored word."""
     rows = []
-    for t in trials:
-        row = {k: t[k] for k in ("order", "trial_id", "status", "failure_reason", "selection_value", "best_epoch")}
-        row["node"] = t.get("node")
+    for t in (trial.to_json() for trial in trials):
+        row = {k: t[k] for k in ("order", "trial_id", "status", "failure_reason", "selection_value", "best_epoch", "node")}
         row.update({f"config.{k}": v for k, v in t["sampled"].items()})
         row.update(t["metrics"])
         rows.append(row)
     return pd.DataFrame(rows).sort_values("order").reset_index(drop=True) if rows else pd.DataFrame()
 
 
-def replicates_frame(replicates: list[dict[str, Any]]) -> pd.DataFrame:
+def replicates_frame(replicates: list[TrialRecord]) -> pd.DataFrame:
     rows = [{"seed": r["seed"], "status": r["status"], "failure_reason": r["failure_reason"], **r["metrics"]}
-            for r in replicates]
+            for r in (run.to_json() for run in replicates)]
     return pd.DataFrame(rows)
 
 
-def write_results(directory: Path, summary: dict[str, Any], trials: pd.DataFrame, replicates: pd.DataFrame) -> None:
+def write_results(directory: Path, summary: SweepSummary, trials: pd.DataFrame, replicates: pd.DataFrame) -> None:
     """The tables, then the markdown, then `summary.json` last: each file all or nothing (a full disk leaves the
     previous version or none, never half a file), and the record `results` and `benchmark --resume` trust is
     only replaced once everything beside it was written."""
@@ -194,7 +192,7 @@ def write_results(directory: Path, summary: dict[str, Any], trials: pd.DataFrame
         write_atomically(directory / f"{name}.csv", lambda p, f=frame: f.to_csv(p, index=False))
         write_atomically(directory / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
     write_text_atomically(directory / "summary.md", markdown(summary))
-    write_text_atomically(directory / "summary.json", json.dumps(summary, indent=2, sort_keys=True, default=str))
+    write_text_atomically(directory / "summary.json", json.dumps(summary.to_json(), indent=2, sort_keys=True, default=str))
 
 
 def fmt(cell: dict[str, float] | None) -> str:
@@ -204,59 +202,57 @@ def fmt(cell: dict[str, float] | None) -> str:
     return f"{100 * cell['mean']:.1f}{std}"
 
 
-def markdown(summary: dict[str, Any]) -> str:
+def markdown(summary: SweepSummary) -> str:
     """The short human summary: selected config, the Table-2 row, every trial."""
-    sel = summary.get("selected")
-    lines = [f"# {summary['name']}: {summary['algorithm']} on {summary['dataset']}", "",
-             f"Selection: {summary['selection']['label']} (`{summary['selection']['metric']}`)", ""]
+    lines = [f"# {summary.name}: {summary.algorithm} on {summary.dataset}", "",
+             f"Selection: {summary.selection.label} (`{summary.selection.metric}`)", ""]
     lines += [f"**{line}**" for line in notices(summary)] + ([""] if notices(summary) else [])
-    if summary.get("compute"):
-        lines += [f"Wall time: {summary['wall_seconds']:.0f} s. {compute_line(summary['compute'])}", ""]
-    if summary.get("tracking"):
+    if summary.compute:
+        lines += [f"Wall time: {summary.wall_seconds:.0f} s. {compute_line(summary.compute)}", ""]
+    if summary.tracking:
         lines += [summary_tracking_line(summary), ""]
-    if sel is None:
+    if summary.selected is None:
         lines.append(nothing_selected(summary))
     else:
-        lines += _selected_lines(summary)
+        lines += _selected_lines(summary, summary.selected)
     lines += ["", "| trial | status | selection value | best epoch |", "|---|---|---|---|"]
-    for t in summary["trials"]:
-        value = "" if not _finite(t["selection_value"]) else f"{t['selection_value']:.4f}"
-        status = f"failed: {t['failure_reason']}" if t["status"] == FAILED else t["status"]
-        status += " (selection blind)" if t.get("selection_blind") else ""
-        lines.append(f"| `{t['trial_id']}` | {status} | {value} | {t['best_epoch']} |")
+    for t in summary.trials:
+        value = "" if not _finite(t.selection_value) else f"{t.selection_value:.4f}"
+        status = f"failed: {t.failure_reason}" if t.status == TrialStatus.FAILED else t.status.value
+        status += " (selection blind)" if t.selection_blind else ""
+        lines.append(f"| `{t.trial_id}` | {status} | {value} | {t.best_epoch} |")
     return "\n".join(lines) + "\n"
 
 
-def _selected_lines(summary: dict[str, Any]) -> list[str]:
-    sel, rep = summary["selected"], summary["replicates"]
-    lines = [f"Selected trial `{sel['trial_id']}` ({summary['selection']['metric']} = {sel['selection_value']:.4f}):", ""]
-    lines += [f"- `{k}` = {v}" for k, v in sorted(sel["sampled"].items())]
-    budget = BudgetSummary.from_metrics(rep["summary"])
+def _selected_lines(summary: SweepSummary, sel: TrialRecord) -> list[str]:
+    rep, names = summary.replicates, summary.metric_names
+    lines = [f"Selected trial `{sel.trial_id}` ({summary.selection.metric} = {sel.selection_value:.4f}):", ""]
+    lines += [f"- `{k}` = {v}" for k, v in sorted(sel.sampled.items())]
+    budget = BudgetSummary.from_metrics(rep.summary)
     lines += ["", f"Budget per replicate: {budget.text()}"] if budget else []
-    lines += ["", f"Replicates: {rep['ok']} of {len(rep['seeds'])} seeds finished (mean ± std, %):", "",
-              "| split | " + " | ".join(summary["metric_names"]) + " |", "|---" * (len(summary["metric_names"]) + 1) + "|"]
+    lines += ["", f"Replicates: {rep.ok} of {len(rep.seeds)} seeds finished (mean ± std, %):", "",
+              "| split | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for split, label in summary_splits(summary):
-        cells = [fmt(rep["summary"].get(f"{BEST_PREFIX}{split}/{m}")) for m in summary["metric_names"]]
+        cells = [fmt(rep.summary.get(f"{BEST_PREFIX}{split}/{m}")) for m in names]
         if any(c != "n/a" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def notices(summary: dict[str, Any]) -> list[str]:
+def notices(summary: SweepSummary) -> list[str]:
     """What a reader must know before trusting the numbers: an unfinished sweep, a blind selection, and a
     selection metric measured on other rows than the split's name says."""
     lines = []
-    if summary.get("state", "finished") != "finished":
-        lines.append(f"INTERRUPTED: this sweep was {summary['state']}; the results below are partial")
-    if summary.get("selection_blind"):
-        lines.append(f"Selection is blind: {summary['selection_blind']}")
-    selected = summary.get("selected") or {}
-    if selected.get("selection_note"):
-        lines.append(f"Held out: {selected['selection_note']}")
+    if not summary.finished:
+        lines.append(f"INTERRUPTED: this sweep was {summary.state.value}; the results below are partial")
+    if summary.selection_blind:
+        lines.append(f"Selection is blind: {summary.selection_blind}")
+    if summary.selected is not None and summary.selected.selection_note:
+        lines.append(f"Held out: {summary.selected.selection_note}")
     return lines
 
 
-def nothing_selected(summary: dict[str, Any]) -> str:
-    if summary.get("state", "finished") != "finished":
+def nothing_selected(summary: SweepSummary) -> str:
+    if not summary.finished:
         return "Nothing selected yet: the search did not finish."
     return "No trial finished; nothing was selected."

@@ -28,7 +28,7 @@ from raybench.paths import (
     take_lock,
     writable_dir_problem,
 )
-from raybench.report_keys import SCHEMA_VERSION, SUMMARY_SCHEMA
+from raybench.records import Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.progress import StageProgress, duration
@@ -47,8 +47,8 @@ from raybench.tracking import (
     default_tracking_uri,
     find_recorded_sweep,
     flatten,
+    read_summary,
     redact_uri,
-    summary_damage,
 )
 
 SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
@@ -344,19 +344,17 @@ def _same_value(was: str, now: str) -> bool:
         return False
 
 
-def finished_summary(prepared: Prepared, recorded: RecordedSweep | None) -> dict[str, Any] | None:
+def finished_summary(prepared: Prepared, recorded: RecordedSweep | None) -> SweepSummary | None:
     """The results of a sweep that already finished, by its parent run and by its summary under --storage;
     None while there is anything left to do (a resume then continues it)."""
-    if recorded is None or recorded.state.state != "finished" or recorded.status != "FINISHED":
+    if recorded is None or recorded.state.state != SweepState.FINISHED or recorded.status != "FINISHED":
         return None
     path = prepared.storage / prepared.name / "results" / "summary.json"
     try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
+        summary = read_summary(json.loads(path.read_text()))
+    except (OSError, ValueError):  # unreadable, not JSON, or not a summary (RecordError): run it again
         return None
-    if summary_damage(summary) is not None or summary.get("state") != "finished":
-        return None
-    return summary
+    return summary if summary.finished else None
 
 
 def _param_text(param: Param) -> str:
@@ -370,7 +368,7 @@ def _midpoints(space: ResolvedSpace) -> dict[str, Any]:
     return {n: p.values[0] if p.values else (p.low + p.high) / 2 for n, p in space.search.items()}
 
 
-def run_sweep(prepared: Prepared) -> dict[str, Any]:
+def run_sweep(prepared: Prepared) -> SweepSummary:
     """Run a prepared sweep to the end; returns the summary that is also written to disk and MLflow.
 
     First, before anything but the lock file is written: the sweep's lock (one driver per sweep), then the
@@ -390,7 +388,7 @@ def run_sweep(prepared: Prepared) -> dict[str, Any]:
         return _run_locked(prepared, lock)
 
 
-def _run_locked(prepared: Prepared, lock: HeldLock) -> dict[str, Any]:
+def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
     """The sweep itself, by the driver holding `lock`, which its parent run names (LOCK_TAG)."""
     tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
     if prepared.options.parent_run:
@@ -425,7 +423,7 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> dict[str, Any]:
 
 
 def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: Any, resources: Any,
-                          tags: dict[str, str]) -> dict[str, Any]:
+                          tags: dict[str, str]) -> SweepSummary:
     opts = prepared.options
     started = time.time()
     tracking_before = dataclasses.replace(PROCESS_STATS)
@@ -445,29 +443,29 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     trials = backend.collect(grid, prepared.space, search)
     _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started)
     selected = tables.select_best(trials)
-    replicates: list[dict[str, Any]] = []
+    replicates: list[TrialRecord] = []
     seeds: list[int] = []
     if selected is not None and opts.replicates > 0:
-        seeds = tables.replicate_seeds(selected["trial_id"], opts.replicates)
-        announce(f"replicates: {len(seeds)} seeds of trial {selected['trial_id']} (best of the search, "
-                 f"{prepared.selection_metric} {selected['selection_value']:.4f}), elapsed {duration(time.time() - started)}")
+        seeds = tables.replicate_seeds(selected.trial_id, opts.replicates)
+        announce(f"replicates: {len(seeds)} seeds of trial {selected.trial_id} (best of the search, "
+                 f"{prepared.selection_metric} {selected.selection_value:.4f}), elapsed {duration(time.time() - started)}")
         # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
-        replicate = spec("replicate", len(seeds), f"-{selected['trial_id']}")
-        grid = backend.run_replicates(prepared.space, replicate, selected["sampled"], seeds, opts.resume)
+        replicate = spec("replicate", len(seeds), f"-{selected.trial_id}")
+        grid = backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume)
         replicates = backend.collect(grid, prepared.space, replicate)
         _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, trials, selected, seeds)
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
-    summary["tracking"] = PROCESS_STATS.since(tracking_before).as_dict()
+    summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
     _record(prepared, tracker, summary, trials, replicates, selected)
     return summary
 
 
-def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str, runs: list[dict[str, Any]],
-                          expected: int, started: float, trials: list[dict[str, Any]] | None = None,
-                          selected: dict[str, Any] | None = None, seeds: list[int] | None = None) -> None:
+def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str, runs: list[TrialRecord],
+                          expected: int, started: float, trials: list[TrialRecord] | None = None,
+                          selected: TrialRecord | None = None, seeds: list[int] | None = None) -> None:
     """Tune returns normally after a Ctrl-C; a stage with unfinished or missing runs is an interrupted one.
     Its partial results are written (marked interrupted), then SweepInterrupted is raised."""
-    done = sum(r["status"] != tables.INTERRUPTED for r in runs)
+    done = sum(r.status != TrialStatus.INTERRUPTED for r in runs)
     if done >= expected and len(runs) >= expected:
         return
     if stage == "search":
@@ -475,7 +473,7 @@ def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str,
     else:
         replicates = runs
     summary = _summary(prepared, trials or [], selected, replicates, seeds or [], time.time() - started,
-                       state=f"interrupted during the {stage}")
+                       state=SweepState.interrupted_during(stage))
     _record(prepared, tracker, summary, trials or [], replicates, None)
     raise SweepInterrupted(prepared.name, stage, done, expected)
 
@@ -500,68 +498,53 @@ def space_scales(space: ResolvedSpace) -> dict[str, str]:
     return {name: param.scale for name, param in space.search.items()}
 
 
-def _summary(prepared: Prepared, trials: list[dict[str, Any]], selected: dict[str, Any] | None,
-             replicates: list[dict[str, Any]], seeds: list[int], seconds: float, state: str = "finished") -> dict[str, Any]:
-    def public(record: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in record.items() if k != "checkpoint"}
-
-    return {
-        "name": prepared.name,
-        "state": state,
-        "selection_blind": tables.blindness(trials),
-        "dataset": prepared.options.dataset,
-        "algorithm": prepared.algorithm,
-        "space": str(prepared.options.space),
-        "space_scales": space_scales(prepared.space),
-        "raybench_version": raybench.__version__,
-        SCHEMA_VERSION: SUMMARY_SCHEMA,
-        "selection": {"strategy": prepared.options.selection, "metric": prepared.selection_metric,
-                      "label": prepared.selection_label,
-                      "analysis_only": SELECTIONS.get(prepared.options.selection).analysis_only},
-        "metric_names": prepared.metric_names,
-        "report": prepared.report,
-        "trials": [public(t) for t in trials],
-        "selected": public(selected) if selected else None,
-        "replicates": {
-            "seeds": seeds,
-            "ok": sum(r["status"] == tables.OK for r in replicates),
-            "runs": [public(r) for r in replicates],
-            "summary": tables.summarize(replicates),
-        },
-        "wall_seconds": round(seconds, 1),
-        "compute": {"search": tables.compute_totals(trials), "replicates": tables.compute_totals(replicates)},
-    }
+def _summary(prepared: Prepared, trials: list[TrialRecord], selected: TrialRecord | None,
+             replicates: list[TrialRecord], seeds: list[int], seconds: float,
+             state: SweepState = SweepState.FINISHED) -> SweepSummary:
+    """The sweep's summary.json as it stands: finished, or partial with the stage a signal interrupted."""
+    strategy = prepared.options.selection
+    return SweepSummary(
+        name=prepared.name, state=state, selection_blind=tables.blindness(trials), dataset=prepared.options.dataset,
+        algorithm=prepared.algorithm, space=str(prepared.options.space), space_scales=space_scales(prepared.space),
+        raybench_version=raybench.__version__,
+        selection=Selection(strategy, prepared.selection_metric, prepared.selection_label,
+                            SELECTIONS.get(strategy).analysis_only),
+        metric_names=prepared.metric_names, report=prepared.report, trials=trials, selected=selected,
+        replicates=Replicates(seeds, sum(r.status == TrialStatus.OK for r in replicates), replicates,
+                              tables.summarize(replicates)),
+        wall_seconds=round(seconds, 1),
+        compute={"search": tables.compute_totals(trials), "replicates": tables.compute_totals(replicates)})
 
 
-def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any]) -> None:
+def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary) -> None:
     """The sweep's figures (raybench.sweep.plots) under `<storage>/<name>/plots` and on the parent run."""
     from raybench.sweep import plots  # matplotlib is imported when a sweep ends, not when the CLI starts
 
-    selected = summary.get("selected")
-    curves = [plots.Curve(*curve) for curve in tracker.selection_curves(prepared.selection_metric, selected["trial_id"])] \
+    selected = summary.selected
+    curves = [plots.Curve(*curve) for curve in tracker.selection_curves(prepared.selection_metric, selected.trial_id)] \
         if selected else []
     directory = prepared.storage / prepared.name / "plots"
     with storage_writes(prepared.storage, f"the plots of sweep {prepared.name!r}"):
-        plots.save(plots.sweep_figures(summary, summary["space_scales"], curves), directory)
+        plots.save(plots.sweep_figures(summary, summary.space_scales, curves), directory)
     tracker.log_artifacts(directory, "plots")
 
 
-def _record(prepared: Prepared, tracker: SweepTracker, summary: dict[str, Any], trials: list[dict[str, Any]],
-            replicates: list[dict[str, Any]], selected: dict[str, Any] | None) -> None:
+def _record(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, trials: list[TrialRecord],
+            replicates: list[TrialRecord], selected: TrialRecord | None) -> None:
     """Results as CSV, Parquet, JSON and markdown, next to the Tune runs and on the parent MLflow run. Each file
     is written all or nothing; a full --storage is one StorageFull naming the file, before MLflow is told."""
-    summary["mlflow"] = {"experiment_id": tracker.experiment_id, "run_id": tracker.parent_id}
+    summary.mlflow = {"experiment_id": tracker.experiment_id, "run_id": tracker.parent_id}
     directory = prepared.storage / prepared.name / "results"
     with storage_writes(prepared.storage, f"the results of sweep {prepared.name!r}"):
         tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates))
     tracker.log_artifacts(directory, "results")
-    headline = {f"replicates/{key}/{stat}": cell[stat] for key, cell in summary["replicates"]["summary"].items()
+    headline = {f"replicates/{key}/{stat}": cell[stat] for key, cell in summary.replicates.summary.items()
                 for stat in ("mean", "std")}
-    headline.update({f"compute/{stage}/{name}": value for stage, totals in summary["compute"].items()
+    headline.update({f"compute/{stage}/{name}": value for stage, totals in (summary.compute or {}).items()
                      for name, value in totals.items()})
-    headline["wall_seconds"] = summary["wall_seconds"]
+    headline["wall_seconds"] = summary.wall_seconds
     tracker.log_summary(tables.markdown(summary), headline)
     _log_plots(prepared, tracker, summary)
-    checkpoint = Path(selected["checkpoint"]) / "best_model.pt" if selected and selected.get("checkpoint") else None
+    checkpoint = Path(selected.checkpoint) / "best_model.pt" if selected and selected.checkpoint else None
     if checkpoint is not None and checkpoint.is_file():
         tracker.log_artifact(checkpoint, "selected_checkpoint")

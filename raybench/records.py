@@ -1,0 +1,299 @@
+"""What a sweep writes down once and every part reads back: a trial's record and the sweep's summary.json.
+
+`collect` (raybench/sweep/ray_backend.py) makes a TrialRecord per trial and the runner one SweepSummary per sweep;
+results, compare, plots, report, tracking and the benchmark read their typed fields, so a key is spelled in one
+place and a misspelt one fails where it is read, not as a missing cell. The JSON is the one raybench has always
+written, key for key and in the same order, so files, MLflow artifacts and `results --format json` do not change.
+
+Reading is lenient where history asks for it. A record or summary written before a key existed loads with that
+key's default, and to_json writes the default back, except where absence says something (see SweepSummary.to_json).
+What no reader can use is a RecordError naming the key: a summary without its name, dataset, algorithm, selection,
+trials or replicates, a record without its trial id or status, a status or state this raybench does not know.
+
+The ground floor: the standard library and raybench.report_keys only, so every layer may import it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, ClassVar, TypeVar
+
+from raybench.report_keys import SCHEMA_VERSION, SUMMARY_SCHEMA
+
+
+class RecordError(ValueError):
+    """A stored record that is not shaped like one; the message names the key and what was expected."""
+
+
+class Words(str, Enum):
+    """An enum whose members are the words stored for them: equal to those strings, and printed, formatted and
+    serialised as them, so JSON, CSV, MLflow tags and f-strings read as they did when they were literals."""
+
+    def __str__(self) -> str:  # format() and f-strings use it too, since it is overridden
+        return str(self.value)
+
+
+W = TypeVar("W", bound=Words)
+
+
+def parse(kind: type[W], value: Any, key: str) -> W:
+    """The member of `kind` a stored value names; a RecordError naming `key` for a value this raybench does not
+    know."""
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        known = ", ".join(repr(member.value) for member in kind)
+        raise RecordError(f"{key!r} is {value!r}, expected one of {known}") from None
+
+
+class TrialStatus(Words):
+    """How a trial (or replicate) ended: its record's `status`."""
+
+    OK = "ok"  # ran to its end
+    FAILED = "failed"  # raised, or finished no epoch
+    INTERRUPTED = "interrupted"  # a signal stopped the sweep before its driver recorded the run finished
+    STOPPED = "stopped early"  # an early-stopping scheduler (ASHA) ended it
+
+    @property
+    def selectable(self) -> bool:
+        """A run that finished, to its end or stopped early, can be selected on its best epoch."""
+        return self in (TrialStatus.OK, TrialStatus.STOPPED)
+
+
+class SweepState(Words):
+    """Where a sweep stands. Its summary says FINISHED or the stage a signal interrupted; its parent run's state tag
+    (raybench.tracking) says RUNNING, FINISHED, INTERRUPTED, FAILED, or DRIVER_GONE for a driver that died."""
+
+    FINISHED = "finished"
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+    DRIVER_GONE = "driver-gone"
+    INTERRUPTED_SEARCH = "interrupted during the search"
+    INTERRUPTED_REPLICATES = "interrupted during the replicates"
+
+    @classmethod
+    def interrupted_during(cls, stage: str) -> SweepState:
+        """The summary's state when a signal stopped `stage` (search or replicates)."""
+        return cls(f"interrupted during the {stage}")
+
+
+class PairState(Words):
+    """Where one (dataset, search space) pair of a benchmark stands, in its benchmark.json."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+# What every reader of a summary relies on, by key and type: a summary without them is damaged, not a sweep.
+SUMMARY_SHAPE: dict[str, type] = {"name": str, "dataset": str, "algorithm": str, "selection": dict,
+                                  "trials": list, "replicates": dict}
+
+
+def _required(data: Mapping[str, Any], key: str, kind: type, where: str = "") -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind):
+        raise RecordError(f"{where + key!r} missing or not a {kind.__name__}")
+    return value
+
+
+def _optional(data: Mapping[str, Any], key: str, kind: type, where: str = "") -> Any:
+    """The value of an optional key, None when absent or null; a RecordError when it has another type."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise RecordError(f"{where + key!r} is not a {kind.__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial or replicate as the sweep's driver saw it end: identity, sampled config, outcome, and the metrics
+    at its best epoch. The fields are collect()'s keys, in its order."""
+
+    order: int  # Tune's creation index: a tie in selection goes to the earlier trial
+    trial_id: str  # the config's identity (raybench.sweep.space.trial_id)
+    seed: int
+    sampled: dict[str, Any]  # what the searcher drew, before the space's derivations
+    status: TrialStatus
+    failure_reason: str | None = None
+    selection_value: float | None = None  # the selection metric at its best epoch; None unless selectable
+    best_epoch: float | None = None
+    selection_blind: bool = False  # its selection metric never moved
+    selection_note: str | None = None  # which rows the selection metric was measured on, where not its split's
+    metrics: dict[str, float] = field(default_factory=dict)  # best/, time/ and budget/ values
+    checkpoint: str | None = None  # a path on the driver's machine: summary.json leaves it out
+    node: str | None = None  # the Ray node its last epoch ran on
+
+    def to_json(self, public: bool = False) -> dict[str, Any]:
+        """The record as a dict, key for key as collect() has always made it; `public` leaves out the checkpoint
+        path, as summary.json holds a record."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if not (public and f.name == "checkpoint")}
+        data.update(status=self.status.value, sampled=dict(self.sampled), metrics=dict(self.metrics))
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "trial") -> TrialRecord:
+        """A stored record. Only its trial id and status are required: the other keys take their defaults, as in a
+        summary written before selection_blind, selection_note and node existed (checkpoint is never stored)."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{where!r} missing or not a dict")
+        return cls(order=data.get("order", 0), trial_id=_required(data, "trial_id", str, f"{where}."),
+                   seed=data.get("seed", 0), sampled=dict(_optional(data, "sampled", dict, f"{where}.") or {}),
+                   status=parse(TrialStatus, data.get("status"), f"{where}.status"),
+                   failure_reason=data.get("failure_reason"), selection_value=data.get("selection_value"),
+                   best_epoch=data.get("best_epoch"), selection_blind=bool(data.get("selection_blind", False)),
+                   selection_note=data.get("selection_note"),
+                   metrics=dict(_optional(data, "metrics", dict, f"{where}.") or {}),
+                   checkpoint=data.get("checkpoint"), node=data.get("node"))
+
+
+def _records(data: list[Any], where: str) -> list[TrialRecord]:
+    return [TrialRecord.from_json(item, f"{where}[{i}]") for i, item in enumerate(data)]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How a sweep chose its config: the strategy's name, the metric it ranks on and what the dataset calls it."""
+
+    strategy: str = ""
+    metric: str = ""
+    label: str = ""
+    analysis_only: bool | None = None  # None: written before summaries said so (the strategy's registration says)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"strategy": self.strategy, "metric": self.metric, "label": self.label}
+        if self.analysis_only is not None:
+            data["analysis_only"] = self.analysis_only
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Selection:
+        return cls(data.get("strategy", ""), data.get("metric", ""), data.get("label", ""), data.get("analysis_only"))
+
+
+@dataclass
+class Replicates:
+    """The selected config run again on other seeds: the seeds, how many finished, each run, and per metric the
+    mean, sample std and count over the finished ones (results.summarize)."""
+
+    seeds: list[int] = field(default_factory=list)
+    ok: int = 0
+    runs: list[TrialRecord] = field(default_factory=list)
+    summary: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seeds": list(self.seeds), "ok": self.ok, "runs": [r.to_json(public=True) for r in self.runs],
+                "summary": dict(self.summary)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Replicates:
+        where = "replicates."
+        return cls(seeds=list(_optional(data, "seeds", list, where) or []), ok=data.get("ok", 0),
+                   runs=_records(_optional(data, "runs", list, where) or [], "replicates.runs"),
+                   summary=dict(_optional(data, "summary", dict, where) or {}))
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """Where a summary read back from the tracking store stands: its parent run and what its status and tags say.
+    Added by raybench.tracking when it reads a summary (`results --format json` shows it), never written to disk.
+    `state` is the store's words: a SweepState value unless a tag was set by hand."""
+
+    run_id: str | None = None
+    status: str | None = None  # MLflow's: RUNNING, FINISHED, KILLED, FAILED
+    state_line: str | None = None  # the line `raybench results` prints above the table
+    state: str | None = None
+
+    KEYS: ClassVar[dict[str, str]] = {"run_id": "mlflow_run_id", "status": "mlflow_status", "state_line": "state_line", "state": "tracking_state"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: getattr(self, name) for name, key in self.KEYS.items() if getattr(self, name) is not None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StoredRun | None:
+        found = {name: data[key] for name, key in cls.KEYS.items() if key in data}
+        return cls(**found) if found else None
+
+
+@dataclass(kw_only=True)
+class SweepSummary:
+    """A sweep's results/summary.json: what it searched and how it selected, every trial, the selected one, its
+    replicates and what the sweep used. Fields in the file's key order; `tracking` and `mlflow` are set once the
+    sweep has recorded them, `stored` only on a summary read back from the tracking store."""
+
+    name: str
+    state: SweepState = SweepState.FINISHED
+    selection_blind: str | None = None  # why the selection could not tell its configs apart (results.blindness)
+    dataset: str
+    algorithm: str
+    space: str = ""  # the search space as given on the command line
+    space_scales: dict[str, str] = field(default_factory=dict)  # each searched setting's plot axis
+    raybench_version: str = ""
+    schema_version: int = SUMMARY_SCHEMA  # 0: written before summaries carried a version (the same keys)
+    selection: Selection
+    metric_names: list[str] = field(default_factory=list)
+    report: dict[str, Any] | None = None  # split labels and report columns; None: written before it was recorded
+    trials: list[TrialRecord]
+    selected: TrialRecord | None = None
+    replicates: Replicates
+    wall_seconds: float = 0.0
+    compute: dict[str, dict[str, float]] | None = None  # per stage (search, replicates): runs, wall_s, cpu_s, gpu_s
+    tracking: dict[str, float] | None = None  # what the driver asked of the MLflow store (TrackingStats)
+    mlflow: dict[str, str] | None = None  # the parent run: experiment_id, run_id
+    stored: StoredRun | None = None
+
+    # Keys written only when they have a value: a summary that lacked them (written before they existed, or before
+    # the sweep recorded them) writes back without them. Every other key is always written.
+    WRITTEN_WHEN_SET = ("report", "compute", "tracking", "mlflow")
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as raybench has always written it, key for key and in order; schema_version is left out of
+        a version-0 summary, so a summary read from a file writes back as that file."""
+        data: dict[str, Any] = {
+            "name": self.name, "state": self.state.value, "selection_blind": self.selection_blind,
+            "dataset": self.dataset, "algorithm": self.algorithm, "space": self.space,
+            "space_scales": dict(self.space_scales), "raybench_version": self.raybench_version,
+            SCHEMA_VERSION: self.schema_version, "selection": self.selection.to_json(),
+            "metric_names": list(self.metric_names), "report": self.report,
+            "trials": [t.to_json(public=True) for t in self.trials],
+            "selected": self.selected.to_json(public=True) if self.selected else None,
+            "replicates": self.replicates.to_json(), "wall_seconds": self.wall_seconds, "compute": self.compute,
+            "tracking": self.tracking, "mlflow": self.mlflow}
+        if not self.schema_version:
+            del data[SCHEMA_VERSION]
+        data = {k: v for k, v in data.items() if v is not None or k not in self.WRITTEN_WHEN_SET}
+        return {**data, **(self.stored.to_json() if self.stored else {})}
+
+    @classmethod
+    def from_json(cls, data: Any) -> SweepSummary:
+        """A parsed summary.json, of this schema or an older one (a missing key takes its default). Which versions
+        a reader accepts is raybench.tracking.read_summary's to say: this reads the keys whatever the version."""
+        if not isinstance(data, dict):
+            raise RecordError(f"a JSON {type(data).__name__}, not a mapping")
+        for key, kind in SUMMARY_SHAPE.items():
+            _required(data, key, kind)
+        selected = data.get("selected")
+        return cls(
+            name=data["name"], state=parse(SweepState, data.get("state", SweepState.FINISHED.value), "state"),
+            selection_blind=data.get("selection_blind"), dataset=data["dataset"], algorithm=data["algorithm"],
+            space=data.get("space") or "", space_scales=dict(_optional(data, "space_scales", dict) or {}),
+            raybench_version=data.get("raybench_version", ""), schema_version=data.get(SCHEMA_VERSION, 0),
+            selection=Selection.from_json(data["selection"]), metric_names=list(data.get("metric_names") or []),
+            report=_optional(data, "report", dict), trials=_records(data["trials"], "trials"),
+            selected=None if selected is None else TrialRecord.from_json(selected, "selected"),
+            replicates=Replicates.from_json(data["replicates"]), wall_seconds=data.get("wall_seconds", 0.0),
+            compute=_optional(data, "compute", dict), tracking=_optional(data, "tracking", dict),
+            mlflow=_optional(data, "mlflow", dict), stored=StoredRun.from_json(data))
+
+    @property
+    def finished(self) -> bool:
+        return self.state == SweepState.FINISHED
+
+    @property
+    def state_line(self) -> str | None:
+        """Where the sweep stands, as the tracking store says (None for a summary not read from the store)."""
+        return self.stored.state_line if self.stored else None
