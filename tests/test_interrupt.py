@@ -1,7 +1,9 @@
 """Ctrl-C ends a sweep as interrupted (exit 130, MLflow KILLED, a --resume line), SIGTERM (`ray job stop`,
 Kubernetes and Slurm preemption, sent to the driver alone) the same way with exit 143 and none of Ray's own
 signal dump, and --resume finishes it exactly: replicates belong to the selected trial id and its derived seeds,
-whichever stage was cut short."""
+whichever stage was cut short. The sweeps join the session's Ray head (`--address`): a driver that joins a cluster
+installs Ray's signal handlers in ray.init as one that starts a private Ray does (test_signals.py's benchmark and
+SIGKILL tests run on private Rays)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import BIN, cli, run_cli, stop_processes_under
+from clusters import LocalHead
+from conftest import BIN, cli, on_head, run_cli
 from mlflow.tracking import MlflowClient
 
 from raybench.sweep.results import replicate_seeds
@@ -20,11 +23,11 @@ NAME = "ctrlc"
 WAIT_S = 420
 
 
-def _args(uri: str, tmp_path: Path) -> list[str]:
-    return ["sweep", "erm", "--trials", "2", "--replicates", "2", "--max-concurrent", "1", "--name", NAME,
+def _args(uri: str, tmp_path: Path, head: LocalHead) -> list[str]:
+    return on_head(["sweep", "erm", "--trials", "2", "--replicates", "2", "--max-concurrent", "1", "--name", NAME,
             "--executor", "function",  # the interrupt and the resume are the subject here, not Ray Train
             "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
-            "--set", "epochs=2", "--set", "max_steps_per_epoch=20", "--set", "patience=none"]
+            "--set", "epochs=2", "--set", "max_steps_per_epoch=20", "--set", "patience=none"], head)
 
 
 def _completed(tmp_path: Path, pattern: str) -> list[Path]:
@@ -51,7 +54,6 @@ def _interrupt_after(tmp_path: Path, env: dict, args: list[str], pattern: str,
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        stop_processes_under(env["RAY_TMPDIR"])
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -69,11 +71,11 @@ def _assert_interrupted(proc: subprocess.CompletedProcess, uri: str, stage: str,
     assert ("sweep", "KILLED") in statuses and not any(status == "RUNNING" for _, status in statuses), statuses
 
 
-def test_ctrl_c_in_search_then_sigterm_in_replicates_then_resume(store_uri, tmp_path, sweep_env, capsys):
-    uri = store_uri
-    args = _args(uri, tmp_path)
+def test_ctrl_c_in_search_then_sigterm_in_replicates_then_resume(store_uri, tmp_path, ray_head, capsys):
+    uri, env = store_uri, ray_head.env
+    args = _args(uri, tmp_path, ray_head)
 
-    search_cut = _interrupt_after(tmp_path, sweep_env, args, f"{NAME}-search")
+    search_cut = _interrupt_after(tmp_path, env, args, f"{NAME}-search")
     _assert_interrupted(search_cut, uri, "search", signal.SIGINT)
     partial = json.loads((tmp_path / "runs" / NAME / "results" / "summary.json").read_text())
     assert partial["state"] == "interrupted during the search" and partial["selected"] is None
@@ -81,10 +83,10 @@ def test_ctrl_c_in_search_then_sigterm_in_replicates_then_resume(store_uri, tmp_
     shown = cli(["results", NAME, "--tracking-uri", uri], capsys)
     assert "INTERRUPTED" in shown.stdout and "--resume" in shown.stdout
 
-    replicate_cut = _interrupt_after(tmp_path, sweep_env, [*args, "--resume"], f"{NAME}-replicate-*", signal.SIGTERM)
+    replicate_cut = _interrupt_after(tmp_path, env, [*args, "--resume"], f"{NAME}-replicate-*", signal.SIGTERM)
     _assert_interrupted(replicate_cut, uri, "replicates", signal.SIGTERM)
 
-    finished = run_cli([*args, "--resume"], sweep_env, tmp_path)
+    finished = run_cli([*args, "--resume"], env, tmp_path)
     assert finished.returncode == 0, finished.stderr[-4000:]
     summary = json.loads((tmp_path / "runs" / NAME / "results" / "summary.json").read_text())
     assert summary["state"] == "finished" and len(summary["trials"]) == 2
