@@ -1,4 +1,5 @@
-"""Ray Train's FailureConfig: a trial whose worker process dies resumes from its last checkpoint."""
+"""Ray Train's FailureConfig: a trial whose worker process dies resumes from its last checkpoint. The sweep joins the
+session's Ray head, whose raylet the killed worker is found under."""
 from __future__ import annotations
 
 import json
@@ -7,12 +8,12 @@ import signal
 import subprocess
 import time
 
-from conftest import BIN
+from conftest import BIN, on_head
 from mlflow.tracking import MlflowClient
 
 
 def _our_train_workers(ray_tmp: str) -> list[int]:
-    """PIDs of Ray Train worker actors whose raylet belongs to this test's own Ray (found by its temp dir)."""
+    """PIDs of Ray Train worker actors whose raylet belongs to the Ray whose temp dir is `ray_tmp`."""
     ours = set(subprocess.run(["pgrep", "-f", "--", ray_tmp], capture_output=True, text=True).stdout.split())
     workers = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
     found = []
@@ -36,11 +37,12 @@ def _epochs_logged(uri: str) -> list[int]:
     return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "val/acc"))
 
 
-def test_a_killed_worker_is_retried_from_its_last_checkpoint(store_uri, tmp_path, sweep_env):
+def test_a_killed_worker_is_retried_from_its_last_checkpoint(store_uri, tmp_path, ray_head):
     uri = store_uri
-    args = ["sweep", "erm", "--trials", "1", "--replicates", "0", "--name", "crash", "--storage", str(tmp_path / "runs"),
-            "--tracking-uri", uri, "--set", "epochs=4", "--set", "max_steps_per_epoch=80", "--set", "patience=none"]
-    proc = subprocess.Popen([str(BIN / "raybench"), *args], env=sweep_env, cwd=tmp_path, start_new_session=True,
+    args = on_head(["sweep", "erm", "--trials", "1", "--replicates", "0", "--name", "crash", "--storage", str(tmp_path / "runs"),
+            "--tracking-uri", uri, "--set", "epochs=4", "--set", "max_steps_per_epoch=80", "--set", "patience=none"], ray_head)
+    (ray_tmp,) = ray_head.temp_dirs()
+    proc = subprocess.Popen([str(BIN / "raybench"), *args], env=ray_head.env, cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed, seen = False, []
     deadline = time.monotonic() + 300
@@ -48,7 +50,7 @@ def test_a_killed_worker_is_retried_from_its_last_checkpoint(store_uri, tmp_path
         seen = _epochs_logged(uri)
         # Some epoch reported with its checkpoint, the last one still to come: kill the worker mid-run.
         if seen and seen == list(range(len(seen))) and len(seen) < 4:
-            for pid in _our_train_workers(sweep_env["RAY_TMPDIR"]):
+            for pid in _our_train_workers(ray_tmp):
                 os.kill(pid, signal.SIGKILL)
                 killed = True
         time.sleep(0.2)
