@@ -126,32 +126,45 @@ SEED = Allowed(low=0, high=MAX_SEED, words="an integer in [0, 2^32 - 1]")
 
 
 @dataclass(frozen=True)
-class Suggest:
-    """Where a search over this setting should start (`raybench space new` writes it under `search:`), in the
-    search-space format: `loguniform` / `uniform` over [low, high], or `choice` among `values`."""
+class Distribution:
+    """A search distribution in the search-space format: `loguniform` / `uniform` over [low, high], `choice` among
+    `values`, or `lr`, log-uniform over `decades` either side of the dataset's default (WILDS 2.0 App. D). The one
+    type for both sides of a search: a setting's suggested search (`raybench space new` writes it under `search:`)
+    and a space's searched parameter (raybench.sweep.space.Param, which adds its name)."""
 
     distribution: str
     low: float | None = None
     high: float | None = None
     values: tuple[Any, ...] = ()
+    decades: float = 1.0
 
     @classmethod
-    def loguniform(cls, low: float, high: float) -> Suggest:
+    def loguniform(cls, low: float, high: float) -> Distribution:
         return cls("loguniform", low=low, high=high)
 
     @classmethod
-    def uniform(cls, low: float, high: float) -> Suggest:
+    def uniform(cls, low: float, high: float) -> Distribution:
         return cls("uniform", low=low, high=high)
 
     @classmethod
-    def choice(cls, *values: Any) -> Suggest:
+    def choice(cls, *values: Any) -> Distribution:
         return cls("choice", values=tuple(values))
+
+    @property
+    def scale(self) -> str:
+        """How the values are spread, as a plot axis: log, linear or categorical."""
+        return {"loguniform": "log", "lr": "log", "uniform": "linear"}.get(self.distribution, "categorical")
 
     def as_space(self) -> dict[str, Any]:
         """The mapping a search-space file holds for this distribution."""
         if self.distribution == "choice":
             return {"distribution": "choice", "values": list(self.values)}
+        if self.distribution == "lr":
+            return {"distribution": "lr", "decades": self.decades}
         return {"distribution": self.distribution, "low": self.low, "high": self.high}
+
+
+Suggest = Distribution  # how a setting's declaration reads: setting(..., suggest=Suggest.loguniform(0.1, 10))
 
 
 @dataclass(frozen=True)

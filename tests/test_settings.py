@@ -315,3 +315,19 @@ def test_an_existing_output_is_kept_unless_forced(tmp_path, capsys):
     assert load_space(str(existing)).algorithm == "dann"
     assert main(["space", "new", "dann", "--output", str(tmp_path)]) == 2
     assert "--output: expected a file name, got the directory" in capsys.readouterr().err
+
+
+def test_a_settings_suggested_search_is_the_distribution_a_space_parses_from_it():
+    """One distribution type: what `space new` writes from a setting's suggestion parses back, through the
+    space loader, into a Param that is that same Distribution with a name (and plots on the same scale)."""
+    from raybench.sweep.space import Param, _parse_param
+
+    suggested = [(algorithm, s.name, s.suggest) for algorithm in ALGORITHMS.names()
+                 for s in settings_of(ALGORITHMS.get(algorithm).Hparams) if s.suggest]
+    assert len(suggested) >= 10
+    for algorithm, name, suggest in suggested:
+        param = _parse_param(name, suggest.as_space(), SEARCH_DIR / "new.yaml", f"search.{name}", algorithm)
+        assert isinstance(param, Param) and isinstance(param, Suggest)
+        assert dataclasses.replace(suggest) == Suggest(**{f.name: getattr(param, f.name)
+                                                          for f in dataclasses.fields(Suggest)}), name
+        assert param.scale == suggest.scale

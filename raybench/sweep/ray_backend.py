@@ -87,7 +87,7 @@ from raybench.sweep.ray_worker import (
     flat_report,
     train_worker_loop,
 )
-from raybench.sweep.sampling import MAX_REDRAWS, SAMPLERS, config_key, optuna_distribution
+from raybench.sweep.sampling import SAMPLERS, first_unseen, optuna_distribution
 from raybench.sweep.space import ResolvedSpace, run_key
 from raybench.trainer import EpochReport
 
@@ -659,14 +659,10 @@ class DistinctOptunaSearch(OptunaSearch):
         self._handed_out: set[str] = set()
 
     def suggest(self, trial_id: str) -> dict | None:
-        for _ in range(MAX_REDRAWS):
-            config = super().suggest(trial_id)
-            if config is None or config_key(config) not in self._handed_out:
-                break
+        def reject() -> None:
             self._ot_study.tell(self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.PRUNED)
-        if config is not None:
-            self._handed_out.add(config_key(config))
-        return config
+
+        return first_unseen(lambda: super(DistinctOptunaSearch, self).suggest(trial_id), reject, self._handed_out)
 
 
 # ----- experiments -------------------------------------------------------------------------------------------

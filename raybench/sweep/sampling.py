@@ -29,6 +29,22 @@ def config_key(config: Mapping[str, Any]) -> str:
     return json.dumps(dict(config), sort_keys=True, default=str)
 
 
+def first_unseen(draw: Callable[[], dict[str, Any] | None], reject: Callable[[], None],
+                 handed_out: set[str]) -> dict[str, Any] | None:
+    """The rule that a search never hands out one config twice: draw until a config not handed out yet comes up,
+    rejecting each repeat (Optuna is told it was pruned, so it moves on), at most MAX_REDRAWS times; only when the
+    space seems exhausted does a repeat go out. The sweep's searcher and `space draw` both draw through it."""
+    config = None
+    for _ in range(MAX_REDRAWS):
+        config = draw()
+        if config is None or config_key(config) not in handed_out:
+            break
+        reject()
+    if config is not None:
+        handed_out.add(config_key(config))
+    return config
+
+
 def draw_configs(search: Mapping[str, Param], count: int, seed: int) -> list[dict[str, Any]]:
     """The first `count` configs the random sampler with `seed` hands a sweep, in order, repeats redrawn as
     the sweep's searcher redraws them. Only the random sampler: TPE's draws depend on the trials' results."""
@@ -36,13 +52,13 @@ def draw_configs(search: Mapping[str, Param], count: int, seed: int) -> list[dic
     study = optuna.create_study(sampler=SAMPLERS["random"](seed), direction="maximize")
     distributions = {name: optuna_distribution(p) for name, p in search.items()}
     handed_out: set[str] = set()
-    configs = []
-    for _ in range(count):
-        for _ in range(MAX_REDRAWS):
-            trial = study.ask(fixed_distributions=distributions)
-            if config_key(trial.params) not in handed_out:
-                break
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        handed_out.add(config_key(trial.params))
-        configs.append(dict(trial.params))
-    return configs
+    asked: list[optuna.trial.Trial] = []
+
+    def draw() -> dict[str, Any]:
+        asked.append(study.ask(fixed_distributions=distributions))
+        return dict(asked[-1].params)
+
+    def reject() -> None:
+        study.tell(asked[-1], state=optuna.trial.TrialState.PRUNED)
+
+    return [first_unseen(draw, reject, handed_out) or {} for _ in range(count)]

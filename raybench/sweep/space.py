@@ -20,6 +20,7 @@ import yaml
 
 from raybench.algorithms import ALGORITHMS
 from raybench.data import DATASETS, ShiftDataset
+from raybench.settings import Distribution
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"algorithm", "description", "search", "fixed", "derived", "datasets"}
@@ -54,21 +55,12 @@ def quoted(value: Any) -> str:
     return f"{text[:MAX_QUOTED]}... ({len(text):,} characters)"
 
 
-@dataclass(frozen=True)
-class Param:
-    """One sampled parameter. `lr` means log-uniform over [r / 10^decades, r * 10^decades] (WILDS 2.0 App. D)."""
+@dataclass(frozen=True, kw_only=True)
+class Param(Distribution):
+    """One sampled parameter: a Distribution with the name it is sampled under. `lr` means log-uniform over
+    [r / 10^decades, r * 10^decades] (WILDS 2.0 App. D)."""
 
     name: str
-    distribution: str
-    low: float | None = None
-    high: float | None = None
-    values: tuple[Any, ...] = ()
-    decades: float = 1.0
-
-    @property
-    def scale(self) -> str:
-        """How the values are spread, as a plot axis: log, linear or categorical."""
-        return {"loguniform": "log", "lr": "log", "uniform": "linear"}.get(self.distribution, "categorical")
 
 
 @dataclass(frozen=True)
@@ -410,12 +402,12 @@ def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> 
             raise SpaceError(path, f"{key}.values", values, "a non-empty list")
         for i, value in enumerate(values):
             _check_value(name, value, path, f"{key}.values[{i}]", algorithm)
-        return Param(name, kind, values=tuple(values))
+        return Param(kind, values=tuple(values), name=name)
     if kind == "lr":
         decades = _number(spec, "decades", path, key, MAX_DECADES) if "decades" in spec else 1.0
         if decades <= 0:
             raise SpaceError(path, f"{key}.decades", decades, "a positive number")
-        return Param(name, kind, decades=decades)
+        return Param(kind, decades=decades, name=name)
     low, high = _number(spec, "low", path, key), _number(spec, "high", path, key)
     if kind == "loguniform" and low <= 0:
         raise SpaceError(path, f"{key}.low", low, "a positive number (log-uniform)")
@@ -423,7 +415,7 @@ def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> 
         raise SpaceError(path, f"{key}.high", high, f"a number greater than low ({low})")
     for bound, value in (("low", low), ("high", high)):
         _check_value(name, value, path, f"{key}.{bound}", algorithm)
-    return Param(name, kind, low=low, high=high)
+    return Param(kind, low=low, high=high, name=name)
 
 
 def _parse_derived(name: str, spec: Any, path: Path, key: str, algorithm: str) -> Derived:
