@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from raybench.records import PairState
+from raybench.records import PairState, SweepSummary
 from raybench.registry import UnknownNameError
 from raybench.settings import MAX_COUNT, MAX_MAGNITUDE, MAX_SEED, number_text
 
@@ -435,7 +435,6 @@ def add_benchmark_parser(sub: Any) -> None:
 # ----- raybench results -------------------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
     from raybench.paths import writable_dir_problem
-    from raybench.sweep.report import render
     from raybench.tracking import TrackingError, default_tracking_uri, download_plots, load_sweep_results
 
     problem = writable_dir_problem(Path(args.plots)) if args.plots else None
@@ -447,10 +446,25 @@ def cmd_results(args: argparse.Namespace) -> int:
         written = download_plots(uri, summary.stored.run_id, Path(args.plots)) if args.plots else []
     except TrackingError as err:
         raise UsageError(f"results: {err}") from None
-    print(render(summary, args.format))
+    print(_results_text(summary, args.format))
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _results_text(summary: SweepSummary, fmt_name: str) -> str:
+    """The sweep as `render` shows it, with which hyperparameters mattered (raybench.sweep.importance): a table
+    under the text, an `importances` field in JSON. CSV stays one row per trial, where no importance fits."""
+    from raybench.sweep.importance import importances, table_lines
+    from raybench.sweep.report import render
+
+    text = render(summary, fmt_name)
+    if fmt_name == "csv":
+        return text
+    found = importances(summary)
+    if fmt_name == "json":
+        return json.dumps({**json.loads(text), "importances": found.to_json()}, indent=2, sort_keys=True, default=str)
+    return "\n".join([text, "", *table_lines(found)])
 
 
 def name_list(text: str) -> tuple[str, ...]:
@@ -462,9 +476,10 @@ def name_list(text: str) -> tuple[str, ...]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from raybench.paths import writable_dir_problem
-    from raybench.sweep.compare import from_records, render
+    from raybench.sweep.compare import BaselineError, from_records, render
     from raybench.tracking import TrackingError, default_tracking_uri, find_sweeps
 
+    settings = _stats_settings(args)
     plot = Path(args.plot) if args.plot else None
     problem = None if plot is None else (f"expected a file name ending in .png, got {args.plot!r}"
                                          if plot.suffix.lower() != ".png" else writable_dir_problem(plot.parent))
@@ -480,7 +495,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          f"{'' if missing else ' ' + _filter_words(args)} in the tracking store")
     if args.sweeps:
         records.sort(key=lambda r: args.sweeps.index(r.name))
-    comparison = from_records(records, args.selection)
+    try:
+        comparison = from_records(records, args.selection, settings)
+    except BaselineError as err:
+        raise UsageError(f"--baseline: {err}") from None
     print(render(comparison, args.format))
     if plot is not None:
         for path in _save_comparison_plots(comparison, plot):
@@ -488,6 +506,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not comparison.tables:
             print(f"raybench: no figure written to {plot}: no finished sweep matches", file=sys.stderr)
     return 0
+
+
+def _stats_settings(args: argparse.Namespace) -> Any:
+    """compare's statistics as the flags ask (raybench.sweep.stats.StatsSettings), None without --stats; a flag
+    that only --stats reads, given without it, is a usage error rather than silently ignored."""
+    from raybench.sweep.stats import IntervalChoice, Significance, StatsSettings
+
+    if not args.stats:
+        given = [flag for flag, value in (("--baseline", args.baseline), ("--interval", args.interval),
+                                          ("--test", args.test)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]}: only with --stats")
+        return None
+    return StatsSettings(interval=IntervalChoice(args.interval or IntervalChoice.T),
+                         test=Significance(args.test or Significance.WELCH), baseline=args.baseline)
 
 
 def _filter_words(args: argparse.Namespace) -> str:
@@ -730,6 +763,21 @@ def add_sweep_parser(sub: Any) -> None:
                    help="only sweeps selected this way (default: all; oracle rows are kept apart and never ranked)")
     c.add_argument("--format", choices=["table", "csv", "json", "markdown", "latex"], default="table")
     c.add_argument("--plot", metavar="FILE.png", help="also draw the comparison (mean ± std per method) into this PNG")
+    c.add_argument("--stats", action="store_true",
+                   help="replace the within-one-std marks by statistics: each cell's 95%% interval of the mean, each "
+                        "row's difference from the baseline row with its interval, p-value and verdict (better, "
+                        "worse, not distinguishable, too few replicates to tell), what each selection rule (OOD val, "
+                        "ID val, oracle) would pick from the search trials with Kendall's tau between their "
+                        "rankings, and over several datasets each method's mean rank and IQM")
+    c.add_argument("--baseline", metavar="NAME",
+                   help="--stats: the row the others are tested against, by its method (search space) or sweep "
+                        "name (default: erm)")
+    c.add_argument("--interval", choices=["t", "bootstrap"],
+                   help="--stats: each cell's interval of the mean: a t-interval (default) or scipy's BCa bootstrap "
+                        "(percentile where BCa is degenerate)")
+    c.add_argument("--test", choices=["welch", "permutation"],
+                   help="--stats: the test against the baseline: Welch's t with its interval (default) or a "
+                        "permutation test with a bootstrap interval (it cannot reach p < 0.05 with 3 vs 3 replicates)")
     c.add_argument("--tracking-uri")
     c.set_defaults(run=cmd_compare)
 

@@ -165,6 +165,11 @@ def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_t
     files = {a.path for a in client.list_artifacts(parent.info.run_id, "compare")}
     assert {f"compare/compare.{s}" for s in ("txt", "csv", "json", "md", "tex")} <= files
     assert {"compare/compare-digits-shift.png", "compare/compare-spuco-digits.png"} <= files
+    # `compare --stats` beside it: with one replicate a row has no interval and no test, and says so.
+    assert {f"compare/compare-stats.{s}" for s in ("txt", "csv", "json", "md", "tex")} <= files
+    stats_rows = json.loads((tmp_path / "runs" / "grid" / "compare" / "compare-stats.json").read_text())["rows"]
+    assert all("test/acc.ci_low" in r or "test/worst_group_acc.ci_low" in r for r in stats_rows), stats_rows[0].keys()
+    assert {r["vs_baseline.verdict"] for r in stats_rows if r["method"] != "erm"} == {"too few replicates to tell"}
     rows = json.loads((tmp_path / "runs" / "grid" / "compare" / "compare.json").read_text())["rows"]
     assert len(rows) == 3
     for row in rows:  # each row is that sweep's own `raybench results`

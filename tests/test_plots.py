@@ -7,6 +7,7 @@ import pytest
 
 from raybench.records import SweepSummary
 from raybench.sweep import plots
+from raybench.sweep.importance import importances
 
 
 def trial(trial_id: str, lr: float, ratio: int, value, id_acc: float, ood_acc: float, status: str = "ok") -> dict:
@@ -66,12 +67,25 @@ def test_without_an_id_split_there_is_no_id_ood_plot(summary):
     for run in [*summary.trials, *summary.replicates.runs]:
         run.metrics.pop("best/id_test/acc")
     assert plots.id_ood_figure(summary) is None
-    assert set(plots.sweep_figures(summary, {}, [])) == {"search.png", "curves.png"}
+    assert set(plots.sweep_figures(summary, {}, [])) == {"search.png", "curves.png", "importance.png"}
 
 
 def test_save_writes_non_empty_pngs_and_nothing_else(summary, tmp_path):
     written = plots.save(plots.sweep_figures(summary, {"lr": "log"}, []), tmp_path / "plots")
-    assert sorted(p.name for p in written) == ["curves.png", "id_vs_ood.png", "search.png"]
+    assert sorted(p.name for p in written) == ["curves.png", "id_vs_ood.png", "importance.png", "search.png"]
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in written)
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_importance_chart_draws_one_bar_per_rated_hyperparameter_the_most_important_on_top(summary):
+    found = importances(summary, {"lr": "log", "unlabeled_ratio": "categorical"})
+    (ax,) = plots.importance_figure(summary, found).axes
+    shares = [100 * p.share for p in found.params]
+    assert [bar.get_width() for bar in ax.patches] == pytest.approx(shares[::-1])  # barh draws bottom-up
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"{p.name} ({p.scale})" for p in found.params][::-1]
+    assert {t.get_text() for t in ax.get_yticklabels()} == {"lr (log)", "unlabeled_ratio (categorical)"}
+    assert ax.get_xlabel() == "share of the main effects on best val/acc (%)"
+    assert ax.get_title().startswith("demo: dann on digits-shift") and "fANOVA over 3 of 4 trials" in ax.get_title()
+    footer = " ".join(text.get_text() for text in ax.figure.texts)
+    assert "left out: 1 failed" in footer and "3 trials make rough importances" in footer

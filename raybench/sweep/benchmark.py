@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from raybench.paths import inside, writable_dir_problem
+from raybench.paths import inside, writable_dir_problem, write_atomically
 from raybench.records import PairState, RecordError, SweepState, SweepSummary
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.errors import OptionError, SweepExists
@@ -547,6 +547,7 @@ def _summary_markdown(benchmark: Benchmark, records: dict[str, PairRecord]) -> s
 def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: Any) -> Path | None:
     """`raybench compare` over this benchmark's sweeps, in every format and with its figures, on the parent run."""
     from raybench.sweep import compare, plots
+    from raybench.sweep.stats import StatsSettings
     from raybench.tracking import find_sweeps
 
     records = find_sweeps(options.tracking_uri, tuple(p.sweep for p in benchmark.pairs))
@@ -554,15 +555,31 @@ def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: A
         return None
     order = [p.sweep for p in benchmark.pairs]
     records.sort(key=lambda r: order.index(r.name))
-    comparison = compare.from_records(records, None)
+    comparisons = {"compare": compare.from_records(records, None),  # `raybench compare`: the Table 2 with its marks
+                   "compare-stats": compare.from_records(records, None, StatsSettings())}  # `compare --stats`
     directory = bench_dir(options.storage, benchmark) / "compare"
     directory.mkdir(parents=True, exist_ok=True)
     suffixes = {"table": "txt", "csv": "csv", "json": "json", "markdown": "md", "latex": "tex"}
-    for fmt_name, suffix in suffixes.items():
-        write_text_atomically(directory / f"compare.{suffix}", compare.render(comparison, fmt_name))
-    plots.save(plots.comparison_figures(comparison, "compare.png"), directory)
+    for stem, comparison in comparisons.items():
+        for fmt_name, suffix in suffixes.items():
+            write_text_atomically(directory / f"{stem}.{suffix}", compare.render(comparison, fmt_name))
+    plots.save(plots.comparison_figures(comparisons["compare"], "compare.png"), directory)
+    copy_importance_charts(records, options.storage, directory)
     tracker.log_artifacts(directory, "compare")
     return directory
+
+
+def copy_importance_charts(records: Sequence[Any], storage: Path, directory: Path) -> list[Path]:
+    """Each sweep's hyperparameter-importance chart (its plots/importance.png, made where its search rated at least
+    one hyperparameter) beside the comparison, as importance-<sweep>.png."""
+    copied = []
+    for record in records:
+        chart = storage / record.name / "plots" / "importance.png"
+        if chart.is_file():
+            target = directory / f"importance-{record.name}.png"
+            write_atomically(target, lambda temp, chart=chart: temp.write_bytes(chart.read_bytes()))
+            copied.append(target)
+    return copied
 
 
 def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:

@@ -6,6 +6,11 @@ shift; worst-group and average test accuracy for SpuCo), mean ± std over each s
 within one std of it, the paper's convention. Analysis-only selections (oracle) get their own block and are never
 ranked against the rest. A sweep that has not finished is listed under the table, never dropped silently.
 
+With statistics (`compare --stats`, raybench.sweep.stats) the marks give way to answers: each cell's 95 % interval
+of the mean, each row's difference from the baseline row (ERM's) with its interval, p-value and verdict, the
+trial each selection rule would have picked from the search trials (what the protocol's selection costs) with
+Kendall's tau between the rules' rankings, and over several datasets each method's mean rank and IQM.
+
 Pure records and text: reading the store is raybench.tracking's, drawing is raybench.sweep.plots'.
 """
 from __future__ import annotations
@@ -13,8 +18,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +29,20 @@ import pandas as pd
 from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
 from raybench.records import Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.report_keys import BEST_PREFIX
+from raybench.sweep import stats
+from raybench.sweep.importance import importances
 from raybench.sweep.results import BudgetSummary, fmt, split_labels
+from raybench.sweep.stats import (
+    NORMALISATION,
+    Difference,
+    Interval,
+    MethodAggregate,
+    RankAgreement,
+    Rule,
+    RuleRanking,
+    SelectionCost,
+    StatsSettings,
+)
 
 FORMATS = ("table", "csv", "json", "markdown", "latex")
 BEST, WITHIN = "best", "within one std"
@@ -44,10 +63,13 @@ class Cell:
     mean: float
     std: float  # sample std (ddof=1) over replicates; NaN with one replicate
     n: int
-    mark: str = ""  # BEST, WITHIN or ""
+    mark: str = ""  # BEST, WITHIN or ""; never set with statistics, whose verdicts replace the marks
+    values: tuple[float, ...] = ()  # the finite replicate values (OK replicates), in run order
+    interval: Interval | None = None  # with statistics: the interval of the mean; None below two values
 
     def text(self) -> str:
-        return fmt({"mean": self.mean, "std": self.std})
+        """`60.0 ± 2.0`, and with an interval `60.0 ± 2.0 [55.0, 65.0]` (%)."""
+        return fmt({"mean": self.mean, "std": self.std}) + (f" {interval_text(self.interval)}" if self.interval else "")
 
 
 @dataclass(frozen=True)
@@ -71,6 +93,20 @@ class MethodRow:
     blind: str = ""  # the sweep's own finding that its selection could not see (results.blindness), else ""
     blind_everywhere: bool = False  # no finished trial's selection metric moved: the selection was by chance
     budget: BudgetSummary | None = None  # the replicates' mean planned budget; None when they recorded none
+    versus: Difference | None = None  # with statistics: against the baseline row on the ranking column
+    selection_cost: SelectionCost | None = None  # with statistics: each rule's pick among the search trials
+    importance: dict[str, float] | None = None  # with statistics: each rated hyperparameter's share (importance.py)
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """What statistics add to a dataset's table besides its rows' fields."""
+
+    baseline: str | None  # the baseline row's method; None: no ranked row has the baseline's name
+    rankings: list[RuleRanking]  # the ranked methods under each selection rule
+    agreements: list[RankAgreement]  # Kendall's tau between every two rules' rankings
+    selection_label: str  # the split and metric each rule's pick is judged on: `OOD test acc`
+    split_labels: dict[str, str]  # what the dataset calls its splits
 
 
 @dataclass(frozen=True)
@@ -79,6 +115,7 @@ class DatasetTable:
     columns: list[Column]
     rank_key: str  # the column the best entry is judged on
     rows: list[MethodRow]
+    stats: TableStats | None = None
 
     @property
     def ranked(self) -> list[MethodRow]:
@@ -125,13 +162,24 @@ class UnfinishedSweep:
 class Comparison:
     tables: list[DatasetTable] = field(default_factory=list)
     unfinished: list[UnfinishedSweep] = field(default_factory=list)
+    stats: StatsSettings | None = None  # set: the tables carry intervals, differences and selection costs
+    aggregate: list[MethodAggregate] = field(default_factory=list)  # with statistics and several datasets
+
+
+SINGLE_SEED = ("Single-seed: each search trial ran once, and replicates exist only for the selected config, so no "
+               "selection-cost figure is averaged over seeds.")
+
+
+class BaselineError(ValueError):
+    """`--baseline NAME` names no ranked row of any table."""
 
 
 # ----- building ----------------------------------------------------------------------------------
 def compare(summaries: Sequence[SweepSummary], unfinished: Sequence[UnfinishedSweep] = (),
-            selection: str | None = None) -> Comparison:
+            selection: str | None = None, settings: StatsSettings | None = None) -> Comparison:
     """Summaries of sweeps (as `raybench results` reads them) in the order the rows should take.
-    Sweeps that did not finish, or finished without a replicate result, join `unfinished`."""
+    Sweeps that did not finish, or finished without a replicate result, join `unfinished`. With `settings`, the
+    tables carry statistics instead of marks; a BaselineError when `settings.baseline` names no ranked row."""
     by_dataset: dict[str, list[SweepSummary]] = {}
     left = list(unfinished)
     for summary in summaries:
@@ -142,18 +190,26 @@ def compare(summaries: Sequence[SweepSummary], unfinished: Sequence[UnfinishedSw
             left.append(UnfinishedSweep(summary.name, summary.dataset, summary.algorithm, reason))
             continue
         by_dataset.setdefault(summary.dataset, []).append(summary)
-    tables = [_table(dataset, dataset_summaries) for dataset, dataset_summaries in by_dataset.items()]
-    return Comparison(tables, left)
+    tables = [_table(dataset, dataset_summaries, settings) for dataset, dataset_summaries in by_dataset.items()]
+    if settings is None:
+        return Comparison(tables, left)
+    if settings.baseline and tables and not any(t.stats and t.stats.baseline for t in tables):
+        rows = sorted({r.method for t in tables for r in t.ranked} | {r.sweep for t in tables for r in t.ranked})
+        known = f"methods and sweeps: {', '.join(rows)}" if rows else "there is no ranked row (only oracle ones)"
+        raise BaselineError(f"no ranked (non-oracle) row is named {settings.baseline!r}; {known}")
+    aggregate = stats.aggregate(_rank_scores(tables), settings) if len(tables) > 1 else []
+    return Comparison(tables, left, settings, aggregate)
 
 
-def from_records(records: Sequence[Any], selection: str | None = None) -> Comparison:
+def from_records(records: Sequence[Any], selection: str | None = None,
+                 settings: StatsSettings | None = None) -> Comparison:
     """The comparison of sweeps read back from the store (raybench.tracking.SweepRecord), in their order;
     those that recorded no results yet are listed as unfinished with where they stand, and those whose
     recorded results are damaged with what is wrong."""
     unfinished = [UnfinishedSweep(r.name, r.dataset, r.algorithm,
                                   r.damage or f"{r.state_line}; no results were recorded yet")
                   for r in records if r.summary is None]
-    return compare([r.summary for r in records if r.summary], unfinished, selection)
+    return compare([r.summary for r in records if r.summary], unfinished, selection, settings)
 
 
 def _not_comparable(summary: SweepSummary) -> str | None:
@@ -175,21 +231,31 @@ def columns_of(summary: SweepSummary) -> list[Column]:
     return [Column(f"{split}/{metric}", column_label(split, metric, SHIFT_SPLIT_LABELS)) for split in ("id_test", "test")]
 
 
-def _table(dataset: str, summaries: list[SweepSummary]) -> DatasetTable:
+def _table(dataset: str, summaries: list[SweepSummary], settings: StatsSettings | None = None) -> DatasetTable:
     columns: list[Column] = []
     for summary in summaries:
         columns += [c for c in columns_of(summary) if c.key not in {k.key for k in columns}]
     rank_key = next((c.key for c in columns if c.key.startswith(f"{RANK_SPLIT}/")), columns[-1].key)
-    rows = _disambiguate([_row(summary, columns) for summary in summaries])
-    return DatasetTable(dataset, columns, rank_key, _marked(rows, rank_key))
+    rows = _disambiguate([_row(summary, columns, settings) for summary in summaries])
+    if settings is None:
+        return DatasetTable(dataset, columns, rank_key, _marked(rows, rank_key))
+    rows, baseline = _tested(rows, rank_key, settings)
+    rankings, agreements = stats.rankings({r.method: r.selection_cost for r in rows
+                                           if not r.analysis_only and r.selection_cost})
+    table_stats = TableStats(baseline, rankings, agreements, _selection_cost_label(summaries[0]),
+                             split_labels(summaries[0]))
+    return DatasetTable(dataset, columns, rank_key, rows, table_stats)
 
 
-def _row(summary: SweepSummary, columns: list[Column]) -> MethodRow:
+def _row(summary: SweepSummary, columns: list[Column], settings: StatsSettings | None = None) -> MethodRow:
     replicates = summary.replicates
     cells = {}
     for column in columns:
         cell = replicates.summary.get(f"{BEST_PREFIX}{column.key}")
         cells[column.key] = Cell(cell["mean"], _nan_if_none(cell["std"]), int(cell["n"])) if cell else None
+    if settings is not None:
+        cells = {key: _with_interval(cell, _replicate_values(replicates.runs, key), settings) if cell else None
+                 for key, cell in cells.items()}
     compute = summary.compute or {}
     return MethodRow(
         method=Path(summary.space or summary.algorithm).stem, sweep=summary.name,
@@ -199,8 +265,62 @@ def _row(summary: SweepSummary, columns: list[Column]) -> MethodRow:
         replicates=len(replicates.seeds), replicates_ok=int(replicates.ok), cells=cells,
         blind=summary.selection_blind or "", blind_everywhere=_blind_everywhere(summary.trials),
         budget=BudgetSummary.from_metrics(replicates.summary),
+        selection_cost=None if settings is None else _selection_cost(summary),
+        importance=None if settings is None else importances(summary).shares,
         **{name: _total(compute, key) for name, key in (("trial_seconds", "wall_s"), ("cpu_seconds", "cpu_s"),
                                                          ("gpu_seconds", "gpu_s"))})
+
+
+# ----- statistics (raybench.sweep.stats) -----------------------------------------------------------
+def _replicate_values(runs: list[TrialRecord], key: str) -> tuple[float, ...]:
+    """The finite values of `best/<key>` over the replicates that ran to their end, as results.summarize takes
+    them for the mean and std."""
+    values = [r.metrics.get(f"{BEST_PREFIX}{key}") for r in runs if r.status == TrialStatus.OK]
+    return tuple(float(v) for v in stats.finite([v for v in values if isinstance(v, (int, float))]))
+
+
+def _with_interval(cell: Cell, values: tuple[float, ...], settings: StatsSettings) -> Cell:
+    return replace(cell, values=values, interval=stats.mean_interval(values, settings))
+
+
+def _selection_cost(summary: SweepSummary) -> SelectionCost:
+    """Each rule's pick among the sweep's search trials, on the sweep's selection metric."""
+    metric = summary.selection.metric.partition("/")[2]
+    return stats.selection_cost(summary.trials, metric, has_id_val=Rule.ID_VAL.split in split_labels(summary))
+
+
+def _selection_cost_label(summary: SweepSummary) -> str:
+    """What a rule's pick is judged on, in the dataset's words: `OOD test acc`."""
+    return column_label(stats.REPORT_SPLIT, summary.selection.metric.partition("/")[2], split_labels(summary))
+
+
+def rule_label(rule: Rule, labels: dict[str, str]) -> str:
+    """A rule in the dataset's words: `OOD val`, `ID val`, `oracle (OOD test)`; SpuCo's `val`, `oracle (test)`."""
+    words = labels.get(rule.split, rule.split)
+    return f"oracle ({words})" if rule == Rule.ORACLE else words
+
+
+def _tested(rows: list[MethodRow], rank_key: str, settings: StatsSettings) -> tuple[list[MethodRow], str | None]:
+    """Every ranked row but the baseline against the baseline row on `rank_key`; the baseline's method, or None
+    (and no differences) when no ranked row is named so."""
+    name = settings.baseline_name
+    baseline = next((r for r in rows if not r.analysis_only and name in (r.method, r.sweep)), None)
+    if baseline is None:
+        return rows, None
+    reference = baseline.cells.get(rank_key)
+    tested = []
+    for row in rows:
+        cell = row.cells.get(rank_key)
+        skip = row is baseline or row.analysis_only or cell is None or reference is None
+        tested.append(row if skip else replace(
+            row, versus=stats.versus(cell.values, reference.values, baseline.method, settings)))
+    return tested, baseline.method
+
+
+def _rank_scores(tables: list[DatasetTable]) -> dict[str, dict[str, tuple[float, ...]]]:
+    """Per dataset, each ranked method's replicate values of the ranking column: what the aggregate ranks."""
+    return {t.dataset: {r.method: r.cells[t.rank_key].values for r in t.ranked if r.cells.get(t.rank_key)}
+            for t in tables}
 
 
 def _blind_everywhere(trials: list[TrialRecord]) -> bool:
@@ -298,14 +418,23 @@ def _display_frame(table: DatasetTable, rows: list[MethodRow], mark: Any) -> pd.
     return pd.DataFrame(records)
 
 
-def _heading(table: DatasetTable) -> str:
-    return f"{table.dataset}: mean ± std over replicates (%), each at its best-selection epoch"
+def _heading(table: DatasetTable, settings: StatsSettings | None = None) -> str:
+    if settings is None:
+        return f"{table.dataset}: mean ± std over replicates (%), each at its best-selection epoch"
+    return (f"{table.dataset}: mean ± std [{_interval_words(settings)} of the mean] over replicates (%), each at its "
+            f"best-selection epoch")
 
 
-def _legend(table: DatasetTable, best: str, within: str) -> str:
-    return (f"{best} best {table.rank_label}; {within} within one std of it. "
-            f"Budget: a replicate's planned steps (batches), labeled passes, and steps over ERM's at the same epoch "
-            f"share. Compute: trial-seconds of the search and the replicates together.")
+def _interval_words(settings: StatsSettings) -> str:
+    kind = "t interval" if settings.interval == stats.IntervalChoice.T else "BCa bootstrap interval"
+    return f"{settings.confidence:.0%} {kind}"
+
+
+def _legend(table: DatasetTable, best: str, within: str, settings: StatsSettings | None = None) -> str:
+    marks = (f"{best} best {table.rank_label}; {within} within one std of it. " if settings is None else
+             f"In brackets: the {_interval_words(settings)} of the mean, none below {stats.MIN_REPLICATES} replicates. ")
+    return (f"{marks}Budget: a replicate's planned steps (batches), labeled passes, and steps over ERM's at the "
+            f"same epoch share. Compute: trial-seconds of the search and the replicates together.")
 
 
 def _blind_lines(table: DatasetTable) -> list[str]:
@@ -322,30 +451,217 @@ def _unfinished_lines(comparison: Comparison) -> list[str]:
     return ["", "Not in the table (unfinished):"] + [f"- {u.line}" for u in comparison.unfinished]
 
 
+# ----- the statistics' blocks, one frame each, shared by the table, Markdown and LaTeX -------------
+@dataclass(frozen=True)
+class Block:
+    """A titled table of plain text (no emphasis, no ±), with the lines that explain it."""
+
+    title: str
+    frame: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:.1f}"
+
+
+def points(value: float | None) -> str:
+    """A difference of fractions in percentage points, signed: `+5.0`."""
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:+.1f}"
+
+
+def interval_text(interval: Interval | None, signed: bool = False) -> str:
+    """`[55.0, 65.0]` (%), or signed points `[-1.2, +11.2]`."""
+    if interval is None:
+        return "n/a"
+    show = points if signed else percent
+    return f"[{show(interval.low)}, {show(interval.high)}]"
+
+
+def p_text(p_value: float | None) -> str:
+    if p_value is None or not math.isfinite(p_value):
+        return "n/a"
+    return f"{p_value:.3f}" if p_value >= 0.001 else f"{p_value:.1e}"
+
+
+def tau_text(tau: float | None) -> str:
+    return "n/a" if tau is None else f"{tau:+.2f}"
+
+
+def _difference_block(table: DatasetTable, settings: StatsSettings) -> Block:
+    baseline = table.stats.baseline if table.stats else None
+    if baseline is None:
+        return Block(f"No differences: no ranked row is named {settings.baseline_name!r} (--baseline NAME names the "
+                     f"row to test against)", pd.DataFrame())
+    test = "Welch's t-test" if settings.test == stats.Significance.WELCH else "permutation test"
+    kind = ("Welch t interval" if settings.test == stats.Significance.WELCH
+            else "bootstrap interval (BCa; percentile where BCa is degenerate)")
+    title = (f"Against the baseline {baseline} on {table.rank_label}: difference of means in points, its "
+             f"{settings.confidence:.0%} {kind}, {test} at alpha {settings.alpha:g}")
+    records, notes = [], []
+    for row in table.ranked:
+        versus = row.versus
+        if row.method == baseline or versus is None:
+            verdict = "(baseline)" if row.method == baseline else "n/a"
+            records.append({"method": row.method, "difference (points)": "", "interval (points)": "", "p": "",
+                            "replicates": "", "verdict": verdict})
+            continue
+        records.append({"method": row.method, "difference (points)": points(versus.difference),
+                        "interval (points)": interval_text(versus.interval, signed=True), "p": p_text(versus.p_value),
+                        "replicates": f"{versus.n} vs {versus.n_baseline}", "verdict": str(versus.verdict)})
+        notes += [f"{row.method}: {versus.note}."] if versus.note else []
+    return Block(title, pd.DataFrame(records), notes)
+
+
+def _pick_text(choice: stats.Choice) -> str:
+    return f"{percent(choice.test)} (#{choice.order})" if choice.made else "n/a"
+
+
+def _selection_block(table: DatasetTable) -> Block:
+    assert table.stats is not None
+    labels = table.stats.split_labels
+    records = []
+    for row in table.ranked + table.analysis_only:
+        cost = row.selection_cost
+        if cost is None:
+            continue
+        record = {"method": row.method, "epochs chosen by": row.selection_label.split(" (")[0],
+                  "trials": str(cost.trials)}
+        record.update({f"{rule_label(c.rule, labels)} pick": _pick_text(c) for c in cost.choices})
+        record["cost (points)"] = points(cost.cost)
+        records.append(record)
+    title = (f"What selection costs: the {table.stats.selection_label} (%) of the search trial each rule picks "
+             f"(#: the trial's order)")
+    return Block(title, pd.DataFrame(records), _selection_notes(table))
+
+
+def _selection_notes(table: DatasetTable) -> list[str]:
+    assert table.stats is not None
+    labels = table.stats.split_labels
+    protocol, oracle = rule_label(Rule.OOD_VAL, labels), rule_label(Rule.ORACLE, labels)
+    missing = sorted({c.note for r in table.rows if r.selection_cost for c in r.selection_cost.choices if c.note})
+    return [SINGLE_SEED,
+            ("Each trial's metrics are those at the epoch its sweep's own selection chose (the 'epochs chosen by' "
+             "column); no rule re-chooses the epoch."),
+            (f"cost: the {oracle} pick minus the {protocol} pick, what the protocol's selection gives up; the oracle "
+             f"peeks at the test split and is for analysis only."),
+            *(f"Not available: {note}." for note in missing)]
+
+
+def _ranking_block(table: DatasetTable) -> Block:
+    assert table.stats is not None
+    labels = table.stats.split_labels
+    costs = {r.method: r.selection_cost for r in table.ranked if r.selection_cost}
+    depth = max((len(r.methods) for r in table.stats.rankings), default=0)
+    records = []
+    for position in range(depth):
+        record = {"rank": str(position + 1)}
+        for ranking in table.stats.rankings:
+            method = ranking.methods[position] if position < len(ranking.methods) else ""
+            record[rule_label(ranking.rule, labels)] = (
+                f"{method} ({percent(costs[method].choice(ranking.rule).test)})" if method else "")
+        records.append(record)
+    taus = [f"Kendall's tau, {rule_label(a.first, labels)} vs {rule_label(a.second, labels)}: {tau_text(a.tau)} "
+            f"({a.methods} methods{'; undefined below two, or with one ranking all tied' if a.tau is None else ''})"
+            for a in table.stats.agreements]
+    return Block(f"Methods ranked under each selection rule by the {table.stats.selection_label} (%) of its pick, "
+                 f"best first", pd.DataFrame(records), [*taus, "(tau 1: the same order, -1: reversed)"])
+
+
+def _aggregate_block(comparison: Comparison) -> Block:
+    columns = ", ".join(f"{t.dataset}: {t.rank_label}" for t in comparison.tables)
+    records = [{"method": a.method, "datasets": f"{a.datasets}/{len(comparison.tables)}",
+                "mean rank": "n/a" if _number(a.mean_rank) is None else f"{a.mean_rank:.2f}", "IQM (0-1)": "n/a" if a.iqm is None else f"{a.iqm:.2f}",
+                "interval": "n/a" if a.interval is None else f"[{a.interval.low:.2f}, {a.interval.high:.2f}]",
+                "scores": str(a.scores)} for a in comparison.aggregate]
+    confidence = comparison.stats.confidence if comparison.stats else stats.CONFIDENCE
+    return Block(f"Over {len(comparison.tables)} datasets ({columns})", pd.DataFrame(records), [
+        ("mean rank: each dataset ranks its methods by their mean (1: the best; ties averaged), over the datasets "
+         "a method has a row in."),
+        (f"IQM: interquartile mean (25 % trimmed from each end) of the method's normalised scores, every seed of "
+         f"every dataset pooled; normalisation: {NORMALISATION}."),
+        (f"interval: {confidence:.0%} stratified bootstrap (seeds resampled within each dataset; Agarwal et al. "
+         f"2021), BCa, percentile where BCa is degenerate.")])
+
+
+def _table_blocks(table: DatasetTable, settings: StatsSettings) -> list[Block]:
+    return [_difference_block(table, settings), _selection_block(table), _ranking_block(table)]
+
+
+def _percentile_lines(table: DatasetTable) -> list[str]:
+    """Cells whose bootstrap fell back to percentile, named, since the heading says BCa."""
+    fell = [f"{row.method} {column.label}" for row in table.rows for column in table.columns
+            if (cell := row.cells.get(column.key)) and cell.interval
+            and cell.interval.method == stats.IntervalMethod.PERCENTILE]
+    return [f"Percentile bootstrap where BCa is degenerate: {', '.join(fell)}."] if fell else []
+
+
+def _text_block(block: Block) -> list[str]:
+    body = aligned(block.frame) if not block.frame.empty else []
+    return [block.title + (":" if body else "."), *body, *block.notes, ""]
+
+
+NUMBER = re.compile(r"^\[?[+-]?\d")  # 55.0, +5.0, [-1.2, +3.4], 3 vs 3
+
+
+def _numeric(column: pd.Series) -> bool:
+    """A column of numbers (or blanks): right-aligned in every format."""
+    return all(NUMBER.match(str(v)) or str(v) in ("", "n/a") for v in column)
+
+
+def aligned(frame: pd.DataFrame) -> list[str]:
+    """The frame's lines, two spaces between columns: a column of numbers right-aligned, any other left-aligned
+    (names and verdicts read from the left)."""
+    columns = [[str(name), *(str(v) for v in frame[name])] for name in frame.columns]
+    widths = [max(len(text) for text in column) for column in columns]
+    right = [_numeric(frame[name]) for name in frame.columns]
+    lines = []
+    for i in range(len(frame) + 1):
+        cells = [c[i].rjust(w) if r else c[i].ljust(w) for c, w, r in zip(columns, widths, right)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
 def as_table(comparison: Comparison) -> str:
     out: list[str] = []
+    settings = comparison.stats
     text_mark = {BEST: " **", WITHIN: " *", "": ""}
     for table in comparison.tables:
-        out += [_heading(table), ""]
+        out += [_heading(table, settings), ""]
         ranked = _display_frame(table, table.ranked, lambda text, mark: text + text_mark[mark])
         out += [ranked.to_string(index=False)] if not ranked.empty else ["(no OOD-selected sweep)"]
         if table.analysis_only:
             out += ["", "Analysis only (selected on the test split itself, not a valid protocol; not ranked):",
                     _display_frame(table, table.analysis_only, lambda text, mark: text).to_string(index=False)]
-        out += ["", _legend(table, "**", "*"), *_blind_lines(table), ""]
+        out += ["", _legend(table, "**", "*", settings), *_blind_lines(table), *_percentile_lines(table), ""]
+        for block in _table_blocks(table, settings) if settings else []:
+            out += _text_block(block)
+    if comparison.aggregate:
+        out += _text_block(_aggregate_block(comparison))
     if not comparison.tables:
         out.append("No finished sweep matches.")
     out += _unfinished_lines(comparison)
     return "\n".join(out).rstrip("\n")
 
 
+def _markdown_block(block: Block) -> list[str]:
+    body = [_markdown_rows(block.frame), ""] if not block.frame.empty else []
+    notes = [*(f"- {note}" for note in block.notes), ""] if block.notes else []
+    return [f"**{block.title}**", "", *body, *notes]
+
+
 def as_markdown(comparison: Comparison) -> str:
     emphasis = {BEST: "**{}**", WITHIN: "_{}_", "": "{}"}
+    settings = comparison.stats
     out: list[str] = []
     for table in comparison.tables:
         frame = _display_frame(table, table.ranked + table.analysis_only, lambda text, mark: emphasis[mark].format(text))
-        out += [f"**{_heading(table)}**", "", _markdown_rows(frame), "", _legend(table, "Bold:", "italic:"),
-                *_blind_lines(table), ""]
+        out += [f"**{_heading(table, settings)}**", "", _markdown_rows(frame), "",
+                _legend(table, "Bold:", "italic:", settings), *_blind_lines(table), *_percentile_lines(table), ""]
+        for block in _table_blocks(table, settings) if settings else []:
+            out += _markdown_block(block)
+    if comparison.aggregate:
+        out += _markdown_block(_aggregate_block(comparison))
     if not comparison.tables:
         out.append("No finished sweep matches.")
     out += _unfinished_lines(comparison)
@@ -370,16 +686,20 @@ def _latex_cell(cell: Cell | None) -> str:
     if cell is None:
         return "--"
     text = f"{100 * cell.mean:.1f}" + ("" if math.isnan(cell.std) else f" $\\pm$ {100 * cell.std:.1f}")
+    text += f" {interval_text(cell.interval)}" if cell.interval else ""
     return {BEST: f"\\textbf{{{text}}}", WITHIN: f"\\underline{{{text}}}", "": text}[cell.mark]
 
 
 def as_latex(comparison: Comparison) -> str:
-    """One booktabs tabular per dataset, ready to paste inside a table environment (needs \\usepackage{booktabs})."""
+    """One booktabs tabular per dataset, ready to paste inside a table environment (needs \\usepackage{booktabs});
+    with statistics, one more per block (differences, selection cost, rankings, the aggregate)."""
     out: list[str] = []
+    settings = comparison.stats
     for table in comparison.tables:
-        out += [f"% raybench compare: {latex_escape(_heading(table))}",
-                f"% bold: best {latex_escape(table.rank_label)}; underlined: within one std of it",
-                *(f"% {latex_escape(line)}" for line in _blind_lines(table)),
+        legend = (f"% bold: best {latex_escape(table.rank_label)}; underlined: within one std of it" if settings is None
+                  else f"% {latex_escape(_legend(table, '', '', settings))}")
+        out += [f"% raybench compare: {latex_escape(_heading(table, settings))}", legend,
+                *(f"% {latex_escape(line)}" for line in _blind_lines(table) + _percentile_lines(table)),
                 f"\\begin{{tabular}}{{l{'c' * len(table.columns)}}}", "\\toprule",
                 " & ".join(["Method", *(latex_escape(c.label) for c in table.columns)]) + " \\\\", "\\midrule"]
         out += [_latex_row(table, row) for row in table.ranked]
@@ -388,7 +708,23 @@ def as_latex(comparison: Comparison) -> str:
             out += ["\\midrule", f"\\multicolumn{{{span}}}{{l}}{{\\emph{{Oracle selection (analysis only)}}}} \\\\"]
             out += [_latex_row(table, row) for row in table.analysis_only]
         out += ["\\bottomrule", "\\end{tabular}", ""]
+        for block in _table_blocks(table, settings) if settings else []:
+            out += _latex_block(block, table.dataset)
+    if comparison.aggregate:
+        out += _latex_block(_aggregate_block(comparison), "all datasets")
     return "\n".join(out).rstrip("\n")
+
+
+def _latex_block(block: Block, dataset: str) -> list[str]:
+    """A block as a booktabs tabular of escaped plain text, its title and notes as comments above it."""
+    head = [f"% {latex_escape(dataset)}: {latex_escape(block.title)}", *(f"% {latex_escape(n)}" for n in block.notes)]
+    if block.frame.empty:
+        return [*head, ""]
+    rows = [" & ".join(latex_escape(str(v)) for v in row) + " \\\\" for row in block.frame.itertuples(index=False)]
+    spec = "".join("r" if _numeric(block.frame[c]) else "l" for c in block.frame.columns)
+    return [*head, f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
+            " & ".join(latex_escape(str(c)) for c in block.frame.columns) + " \\\\", "\\midrule", *rows,
+            "\\bottomrule", "\\end{tabular}", ""]
 
 
 def _latex_row(table: DatasetTable, row: MethodRow) -> str:
@@ -398,6 +734,7 @@ def _latex_row(table: DatasetTable, row: MethodRow) -> str:
 def records(comparison: Comparison) -> list[dict[str, Any]]:
     """One flat record per row, fractions unrounded: what CSV and JSON carry."""
     flat = []
+    aggregate = {a.method: a for a in comparison.aggregate}
     for table in comparison.tables:
         for row in table.rows:
             record: dict[str, Any] = {"dataset": table.dataset, "method": row.method, "sweep": row.sweep,
@@ -414,11 +751,59 @@ def records(comparison: Comparison) -> list[dict[str, Any]]:
                 record.update({f"{column.key}.mean": cell.mean if cell else None,
                                f"{column.key}.std": cell.std if cell and math.isfinite(cell.std) else None,
                                f"{column.key}.n": cell.n if cell else 0})
-            record["mark"] = (row.cells.get(table.rank_key) or Cell(0, 0, 0)).mark
+                if comparison.stats:
+                    record.update(_interval_fields(column.key, cell.interval if cell else None))
+            if comparison.stats is None:
+                record["mark"] = (row.cells.get(table.rank_key) or Cell(0, 0, 0)).mark
             record.update({"trial_seconds": row.trial_seconds, "cpu_seconds": row.cpu_seconds,
                            "gpu_seconds": row.gpu_seconds})
+            if comparison.stats:
+                record.update(_stats_fields(table, row, aggregate.get(row.method) if not row.analysis_only else None))
+                record.update({f"importance.{name}": share for name, share in (row.importance or {}).items()})
             flat.append(record)
     return flat
+
+
+def _number(value: float | None) -> float | None:
+    """A finite number, else None: JSON has no NaN."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _interval_fields(prefix: str, interval: Interval | None) -> dict[str, Any]:
+    return {f"{prefix}.ci_low": interval.low if interval else None, f"{prefix}.ci_high": interval.high if interval else None,
+            f"{prefix}.ci_method": str(interval.method) if interval else None}
+
+
+def _stats_fields(table: DatasetTable, row: MethodRow, aggregate: MethodAggregate | None) -> dict[str, Any]:
+    """A row's statistics, flat: its difference from the baseline, each rule's pick, its aggregate."""
+    versus = row.versus
+    fields: dict[str, Any] = {
+        "vs_baseline.baseline": table.stats.baseline if table.stats else None, "vs_baseline.column": table.rank_key,
+        "vs_baseline.difference": _number(versus.difference) if versus else None,
+        **_interval_fields("vs_baseline", versus.interval if versus else None),
+        "vs_baseline.p_value": _number(versus.p_value) if versus else None, "vs_baseline.test": str(versus.test) if versus else None,
+        "vs_baseline.verdict": str(versus.verdict) if versus else None, "vs_baseline.note": versus.note if versus else None}
+    cost = row.selection_cost
+    for rule in stats.RULES:
+        choice = cost.choice(rule) if cost else None
+        fields.update({f"selection_cost.{rule}.trial_id": choice.trial_id if choice else None,
+                       f"selection_cost.{rule}.order": choice.order if choice else None,
+                       f"selection_cost.{rule}.chosen_on": choice.chosen_on if choice else None,
+                       f"selection_cost.{rule}.test": choice.test if choice else None,
+                       f"selection_cost.{rule}.note": choice.note if choice else None,
+                       f"selection_rank.{rule}": _position(table, row, rule)})
+    fields.update({"selection_cost.cost": cost.cost if cost else None, "selection_cost.single_seed": True,
+                   "aggregate.datasets": aggregate.datasets if aggregate else None,
+                   "aggregate.mean_rank": _number(aggregate.mean_rank) if aggregate else None,
+                   "aggregate.iqm": aggregate.iqm if aggregate else None,
+                   **_interval_fields("aggregate.iqm", aggregate.interval if aggregate else None)})
+    return fields
+
+
+def _position(table: DatasetTable, row: MethodRow, rule: Rule) -> int | None:
+    """The row's place (1: the best) in the rule's ranking of the table's methods; None when it is not ranked."""
+    ranking = next((r for r in table.stats.rankings if r.rule == rule), None) if table.stats else None
+    return ranking.methods.index(row.method) + 1 if ranking and row.method in ranking.methods else None
 
 
 def as_csv(comparison: Comparison) -> str:
@@ -428,7 +813,32 @@ def as_csv(comparison: Comparison) -> str:
 
 
 def as_json(comparison: Comparison) -> str:
-    tables = [{"dataset": t.dataset, "rank_key": t.rank_key, "columns": [asdict(c) for c in t.columns]}
-              for t in comparison.tables]
-    return json.dumps({"tables": tables, "rows": records(comparison),
-                       "unfinished": [asdict(u) for u in comparison.unfinished]}, indent=2)
+    tables = [{"dataset": t.dataset, "rank_key": t.rank_key, "columns": [asdict(c) for c in t.columns],
+               **(_table_stats_json(t) if comparison.stats else {})} for t in comparison.tables]
+    data: dict[str, Any] = {"tables": tables, "rows": records(comparison),
+                            "unfinished": [asdict(u) for u in comparison.unfinished]}
+    if comparison.stats:
+        data["stats"] = _settings_json(comparison.stats)
+        data["aggregate"] = [_aggregate_json(a) for a in comparison.aggregate]
+    return json.dumps(data, indent=2)
+
+
+def _settings_json(settings: StatsSettings) -> dict[str, Any]:
+    return {**{k: str(v) if isinstance(v, stats.Words) else v for k, v in asdict(settings).items()},
+            "baseline": settings.baseline_name, "min_replicates": stats.MIN_REPLICATES,
+            "normalisation": NORMALISATION,
+            "selection_cost": (f"{SINGLE_SEED} Each trial's metrics are those at the epoch its sweep's own "
+                               f"selection chose.")}
+
+
+def _table_stats_json(table: DatasetTable) -> dict[str, Any]:
+    assert table.stats is not None
+    return {"baseline": table.stats.baseline, "selection_cost_column": table.stats.selection_label,
+            "selection_rankings": {str(r.rule): list(r.methods) for r in table.stats.rankings},
+            "rank_agreement": [{"first": str(a.first), "second": str(a.second), "kendall_tau": a.tau,
+                                "methods": a.methods} for a in table.stats.agreements]}
+
+
+def _aggregate_json(entry: MethodAggregate) -> dict[str, Any]:
+    return {"method": entry.method, "datasets": entry.datasets, "mean_rank": _number(entry.mean_rank), "iqm": entry.iqm,
+            "scores": entry.scores, **_interval_fields("iqm", entry.interval)}

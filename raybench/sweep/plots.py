@@ -8,6 +8,8 @@ Three per sweep, each a PNG beside the results and an MLflow artifact of the par
   is the selected epoch a fluke?
 - `id_vs_ood.png`: ID against OOD test of every trial and replicate (Miller et al.'s "accuracy on the line" view):
   does a better ID model also move OOD?
+- `importance.png`: each searched hyperparameter's fANOVA importance for the selection metric
+  (raybench.sweep.importance), where at least one could be rated: which ranges deserve the next search's trials?
 
 And one per comparison (`raybench compare --plot`): every method's mean ± std in each report column (ID and OOD
 test), the best OOD entry ringed.
@@ -34,6 +36,7 @@ from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator, 
 from raybench.labels import METRIC_LABELS
 from raybench.records import SweepSummary
 from raybench.report_keys import BEST_PREFIX
+from raybench.sweep.importance import Importances, importances
 from raybench.sweep.results import split_labels
 
 if TYPE_CHECKING:
@@ -169,12 +172,54 @@ def id_ood_figure(summary: SweepSummary) -> Figure | None:
     return figure
 
 
+def importance_figure(summary: SweepSummary, found: Importances) -> Figure | None:
+    """Each rated hyperparameter's share of the main effects as a horizontal bar, the most important on top; the
+    evaluator, the trial count and how much the main effects explain in the title, the caveats (left-out or
+    stopped trials, too few trials, what was not rated and why) under the axis. None when no hyperparameter
+    could be rated (`raybench results` says why)."""
+    rated = [p for p in found.params if p.share is not None]
+    if not rated:
+        return None
+    footer = _importance_caveats(found)
+    lines = footer.count("\n") + 1 if footer else 0
+    figure, ax = plt.subplots(figsize=(8.0, 2.8 + 0.45 * len(rated) + 0.14 * lines))
+    rows = list(reversed(rated))  # barh draws bottom-up: the most important ends on top
+    percents = [100 * (p.share or 0.0) for p in rows]
+    bars = ax.barh(range(len(rows)), percents, color="tab:blue", alpha=0.85, height=0.6)
+    ax.bar_label(bars, labels=[f"{v:.1f}%" for v in percents], padding=3)
+    ax.set_yticks(range(len(rows)), [f"{p.name} ({p.scale})" for p in rows])
+    ax.set_ylim(-0.75, len(rows) - 0.25)  # a lone bar stays a bar, not a filled axis
+    ax.set_xlim(0, 112)  # room for the label past a bar at 100 %
+    ax.set_xlabel(f"share of the main effects on best {found.metric} (%)")
+    ax.set_ylabel("searched hyperparameter")
+    title = textwrap.fill(_title(summary, "which hyperparameters matter"), 72, break_on_hyphens=False)
+    method = found.evaluator.partition(" (")[0]
+    ax.set_title(f"{title}\n{method} over {found.n_trials} of {found.n_search_trials} trials; main effects explain "
+                 f"{100 * (found.explained or 0.0):.0f}% of the variance", fontsize="medium")
+    ax.grid(alpha=0.3, axis="x")
+    if footer:
+        figure.text(0.01, 0.01, footer, fontsize="x-small", va="bottom", ha="left", color="dimgray")
+    footer_inches = 0.08 + 0.13 * lines if footer else 0.0  # x-small lines, about 0.13 inch each
+    figure.tight_layout(rect=(0, footer_inches / figure.get_figheight(), 1, 1))
+    return figure
+
+
+def _importance_caveats(found: Importances) -> str:
+    """The notes and each unrated hyperparameter's reason, wrapped to the figure's width: a chart read without
+    `raybench results` beside it still says when its numbers are rough or what it leaves out."""
+    lines = [*found.notes, *(f"not rated: {p.name}, {p.reason}" for p in found.params if p.share is None)]
+    return "\n".join(textwrap.fill(line, width=150, subsequent_indent="  ") for line in lines)
+
+
 def sweep_figures(summary: SweepSummary, scales: Mapping[str, str], curves: Sequence[Curve]) -> dict[str, Figure]:
     """Every figure of one sweep, by file name."""
     figures = {"search.png": search_figure(summary, scales), "curves.png": curves_figure(summary, curves)}
     id_ood = id_ood_figure(summary)
     if id_ood is not None:
         figures["id_vs_ood.png"] = id_ood
+    importance = importance_figure(summary, importances(summary, scales))
+    if importance is not None:
+        figures["importance.png"] = importance
     return figures
 
 
