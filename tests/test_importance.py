@@ -91,6 +91,16 @@ def test_too_few_trials_give_each_hyperparameter_the_reason_and_no_chart():
     assert any("not rated: 2 counted trials" in line for line in table_lines(found))
 
 
+def test_a_sweep_interrupted_before_any_trial_finished_still_gets_its_summary():
+    """The interrupted sweep writes summary.md through here: with no counted trial, no parameter has a value."""
+    summary = sweep(n=1)
+    summary.trials[0] = replace(summary.trials[0], status=TrialStatus.INTERRUPTED, selection_value=math.nan)
+    found = importances(summary)
+    assert found.n_trials == 0 and found.shares == {}
+    assert {p.reason for p in found.params} == {f"0 counted trials: fANOVA needs at least {MIN_TRIALS}"}
+    assert "0 counted trials" in markdown(summary)
+
+
 def test_ten_trials_are_rated_and_said_to_be_rough_and_a_constant_one_is_not_rated():
     summary = sweep(n=10)
     for trial in summary.trials:

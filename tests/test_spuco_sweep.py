@@ -108,7 +108,8 @@ def test_results_and_compare_call_spucos_splits_val_and_test_and_show_worst_grou
 
     table = cli("results", "gb")
     assert "OOD" not in table and "selected on val worst-group acc" in table
-    assert [line.split()[0] for line in table.splitlines()[-2:]] == ["test", "val"]
+    splits_table = table.split("\nhyperparameter importance")[0]  # the importance table follows it
+    assert [line.split()[0] for line in splits_table.strip().splitlines()[-2:]] == ["test", "val"]
     compared = json.loads(cli("compare", "--format", "json"))
     assert [c["label"] for c in compared["tables"][0]["columns"]] == ["test worst-group acc", "test average acc"]
     cells = gb_sweep["summary"]["replicates"]["summary"]

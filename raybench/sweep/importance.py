@@ -175,12 +175,13 @@ def _rate(encoded: Mapping[str, _Encoded], values: list[float]
     """fANOVA over the parameters that varied: the rated ones (most important first) and a reason for each one
     that could not be rated; the main effects' summed fraction of the variance; notes on how they were rated."""
     notes = [e.note for e in encoded.values() if e.note]
-    reasons = {name: f"took one value ({e.one_value()}) in the counted trials"
-               for name, e in encoded.items() if len(e.distinct) < 2}
-    if len(values) < MIN_TRIALS:
+    if len(values) < MIN_TRIALS:  # first: with no counted trial, no parameter has a value to name
         reasons = {name: f"{len(values)} counted trials: fANOVA needs at least {MIN_TRIALS}" for name in encoded}
     elif len(set(values)) < 2:
         reasons = {name: f"every counted trial scored {values[0]:.4f}: nothing to attribute" for name in encoded}
+    else:
+        reasons = {name: f"took one value ({e.one_value()}) in the counted trials"
+                   for name, e in encoded.items() if len(e.distinct) < 2}
     varied = [name for name in encoded if name not in reasons]
     effects, failure = _safe_main_effects({name: encoded[name] for name in varied}, values) if varied else ({}, None)
     total = sum(effects.values())

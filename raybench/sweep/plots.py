@@ -211,13 +211,14 @@ def _importance_caveats(found: Importances) -> str:
     return "\n".join(textwrap.fill(line, width=150, subsequent_indent="  ") for line in lines)
 
 
-def sweep_figures(summary: SweepSummary, scales: Mapping[str, str], curves: Sequence[Curve]) -> dict[str, Figure]:
-    """Every figure of one sweep, by file name."""
+def sweep_figures(summary: SweepSummary, scales: Mapping[str, str], curves: Sequence[Curve],
+                  found: Importances | None = None) -> dict[str, Figure]:
+    """Every figure of one sweep, by file name; `found`: the importances already rated on these scales."""
     figures = {"search.png": search_figure(summary, scales), "curves.png": curves_figure(summary, curves)}
     id_ood = id_ood_figure(summary)
     if id_ood is not None:
         figures["id_vs_ood.png"] = id_ood
-    importance = importance_figure(summary, importances(summary, scales))
+    importance = importance_figure(summary, found or importances(summary, scales))
     if importance is not None:
         figures["importance.png"] = importance
     return figures

@@ -21,7 +21,7 @@ from raybench.labels import SHIFT_SPLIT_LABELS
 from raybench.paths import write_atomically, write_text_atomically  # cli and benchmark import the latter from here
 from raybench.records import SweepSummary, TrialRecord, TrialStatus
 from raybench.report_keys import BEST_PREFIX, CPU_S, GPU_S, SELECTION_BLIND, WALL_S
-from raybench.sweep.importance import importances, markdown_lines
+from raybench.sweep.importance import Importances, importances, markdown_lines
 
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
 COMPUTE_KEYS = {"wall_s": WALL_S, "cpu_s": CPU_S, "gpu_s": GPU_S}
@@ -184,7 +184,8 @@ def replicates_frame(replicates: list[TrialRecord]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_results(directory: Path, summary: SweepSummary, trials: pd.DataFrame, replicates: pd.DataFrame) -> None:
+def write_results(directory: Path, summary: SweepSummary, trials: pd.DataFrame, replicates: pd.DataFrame,
+                  found: Importances | None = None) -> None:
     """The tables, then the markdown, then `summary.json` last: each file all or nothing (a full disk leaves the
     previous version or none, never half a file), and the record `results` and `benchmark --resume` trust is
     only replaced once everything beside it was written."""
@@ -192,7 +193,7 @@ def write_results(directory: Path, summary: SweepSummary, trials: pd.DataFrame, 
     for name, frame in (("trials", trials), ("replicates", replicates)):
         write_atomically(directory / f"{name}.csv", lambda p, f=frame: f.to_csv(p, index=False))
         write_atomically(directory / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
-    write_text_atomically(directory / "summary.md", markdown(summary))
+    write_text_atomically(directory / "summary.md", markdown(summary, found))
     write_text_atomically(directory / "summary.json", json.dumps(summary.to_json(), indent=2, sort_keys=True, default=str))
 
 
@@ -203,8 +204,9 @@ def fmt(cell: dict[str, float] | None) -> str:
     return f"{100 * cell['mean']:.1f}{std}"
 
 
-def markdown(summary: SweepSummary) -> str:
-    """The short human summary: selected config, the Table-2 row, which hyperparameters mattered, every trial."""
+def markdown(summary: SweepSummary, found: Importances | None = None) -> str:
+    """The short human summary: selected config, the Table-2 row, which hyperparameters mattered (`found`, or
+    rated here), every trial."""
     lines = [f"# {summary.name}: {summary.algorithm} on {summary.dataset}", "",
              f"Selection: {summary.selection.label} (`{summary.selection.metric}`)", ""]
     lines += [f"**{line}**" for line in notices(summary)] + ([""] if notices(summary) else [])
@@ -216,7 +218,7 @@ def markdown(summary: SweepSummary) -> str:
         lines.append(nothing_selected(summary))
     else:
         lines += _selected_lines(summary, summary.selected)
-    lines += ["", *markdown_lines(importances(summary))]  # before the trials: a long description is cut at its end
+    lines += ["", *markdown_lines(found or importances(summary))]  # before the trials: a long description is cut at its end
     lines += ["", "| trial | status | selection value | best epoch |", "|---|---|---|---|"]
     for t in summary.trials:
         value = "" if not _finite(t.selection_value) else f"{t.selection_value:.4f}"

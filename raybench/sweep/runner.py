@@ -31,6 +31,7 @@ from raybench.paths import (
 from raybench.records import Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
+from raybench.sweep.importance import Importances, importances
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import Param, ResolvedSpace, SearchSpace, load_space
@@ -516,7 +517,7 @@ def _summary(prepared: Prepared, trials: list[TrialRecord], selected: TrialRecor
         compute={"search": tables.compute_totals(trials), "replicates": tables.compute_totals(replicates)})
 
 
-def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary) -> None:
+def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, found: Importances) -> None:
     """The sweep's figures (raybench.sweep.plots) under `<storage>/<name>/plots` and on the parent run."""
     from raybench.sweep import plots  # matplotlib is imported when a sweep ends, not when the CLI starts
 
@@ -525,7 +526,7 @@ def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary)
         if selected else []
     directory = prepared.storage / prepared.name / "plots"
     with storage_writes(prepared.storage, f"the plots of sweep {prepared.name!r}"):
-        plots.save(plots.sweep_figures(summary, summary.space_scales, curves), directory)
+        plots.save(plots.sweep_figures(summary, summary.space_scales, curves, found), directory)
     tracker.log_artifacts(directory, "plots")
 
 
@@ -534,17 +535,19 @@ def _record(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, tr
     """Results as CSV, Parquet, JSON and markdown, next to the Tune runs and on the parent MLflow run. Each file
     is written all or nothing; a full --storage is one StorageFull naming the file, before MLflow is told."""
     summary.mlflow = {"experiment_id": tracker.experiment_id, "run_id": tracker.parent_id}
+    found = importances(summary)  # rated once: summary.md, the parent run's description and importance.png show it
     directory = prepared.storage / prepared.name / "results"
     with storage_writes(prepared.storage, f"the results of sweep {prepared.name!r}"):
-        tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates))
+        tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates),
+                             found)
     tracker.log_artifacts(directory, "results")
     headline = {f"replicates/{key}/{stat}": cell[stat] for key, cell in summary.replicates.summary.items()
                 for stat in ("mean", "std")}
     headline.update({f"compute/{stage}/{name}": value for stage, totals in (summary.compute or {}).items()
                      for name, value in totals.items()})
     headline["wall_seconds"] = summary.wall_seconds
-    tracker.log_summary(tables.markdown(summary), headline)
-    _log_plots(prepared, tracker, summary)
+    tracker.log_summary(tables.markdown(summary, found), headline)
+    _log_plots(prepared, tracker, summary, found)
     checkpoint = Path(selected.checkpoint) / "best_model.pt" if selected and selected.checkpoint else None
     if checkpoint is not None and checkpoint.is_file():
         tracker.log_artifact(checkpoint, "selected_checkpoint")
