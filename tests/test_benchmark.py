@@ -137,13 +137,14 @@ def test_the_sweeps_shares_of_the_cap_add_up_to_at_most_the_cap_and_reach_each_s
 
 
 # ----- end to end -------------------------------------------------------------------------------------
-def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_their_comparison(store_uri, tmp_path, sweep_env, capsys):
+def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_their_comparison(store_uri, tmp_path, ray_head, capsys):
+    """On the session's head (`--address`); a benchmark on its own private local Ray: test_signals.py's SIGTERM."""
     body = {"name": "grid", "description": "2 x 2 smoke", **SMOKE, "max_concurrent_trials": 2,
             "grid": [{"datasets": ["digits-shift", "spuco-digits"], "spaces": ["erm", str(broken_erm_space(tmp_path))]}]}
     path = write_yaml(tmp_path / "bench.yaml", body)
     uri = store_uri
-    result = run_cli(["benchmark", str(path), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
-                      "--progress-every", "5"], sweep_env, tmp_path, timeout=900)
+    result = run_cli(on_head(["benchmark", str(path), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
+                              "--progress-every", "5"], ray_head), ray_head.env, tmp_path, timeout=900)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # one pair failed
     assert "3 of 4 pairs finished, 1 failed" in result.stdout
     assert "FAILED erm_broken on spuco-digits (sweep grid-erm_broken-spuco-digits): --set model_weights:" in result.stdout
@@ -179,8 +180,7 @@ def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_t
 
 
 def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(store_uri, tmp_path, ray_head):
-    """On the session's head (`--address`): the sweeps it starts outlive nothing but their benchmark. The 2x2
-    test above covers a benchmark on its own private local Ray."""
+    """On the session's head (`--address`): the sweeps it starts outlive nothing but their benchmark."""
     body = {"name": "kill", **SMOKE, "max_concurrent_trials": 1,
             "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral"]}]}
     path = write_yaml(tmp_path / "bench.yaml", body)

@@ -13,12 +13,14 @@ import shutil
 import sqlite3
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO, cli, fail_on_reaching
 
+from raybench.records import PairState, Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.sweep.benchmark import (
     BenchmarkOptions,
     PairRecord,
@@ -27,6 +29,7 @@ from raybench.sweep.benchmark import (
     SweepTarget,
     _record_end,
     check_storage,
+    finished_status,
     load_records,
     save_records,
 )
@@ -286,3 +289,15 @@ def test_a_damaged_tracking_store_is_one_line_naming_it(command, damage, mlflow_
     line = refused_in_one_line(cli([*command, "--tracking-uri", f"sqlite:///{store}"], capsys))
     assert f"'{store}'" in line and ("damaged" in line or "not a readable SQLite database" in line), line
     assert store.read_bytes() == before and sorted(p.name for p in Path().iterdir()) == ["mlflow.db"]
+
+
+def test_a_pair_whose_sweep_selected_nothing_fails_naming_why_its_trials_failed():
+    trials = [TrialRecord(order=i, trial_id=f"t{i}", seed=0, status=status, sampled={}, failure_reason=reason)
+              for i, (status, reason) in enumerate([(TrialStatus.FAILED, "RuntimeError: loss is nan"),
+                                                    (TrialStatus.FAILED, "OSError: no space left"),
+                                                    (TrialStatus.INTERRUPTED, "")])]
+    summary = SweepSummary(name="s", dataset="digits-shift", algorithm="erm", state=SweepState.FINISHED,
+                           selection=Selection("ood_val", "val/acc", "OOD val"), trials=trials, replicates=Replicates())
+    assert finished_status(summary) == (
+        PairState.FAILED, "no trial finished (OSError: no space left; RuntimeError: loss is nan; interrupted)")
+    assert finished_status(replace(summary, state=SweepState.INTERRUPTED)) is None

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any
 
 import pytest
-from conftest import on_head, run_cli
 
 from raybench.algorithms import ALGORITHMS, Hparams
 from raybench.cli import main
@@ -277,16 +275,7 @@ def test_a_new_space_loads_and_validates_on_a_dataset_the_algorithm_runs_on(algo
     assert config.algorithm == algorithm
 
 
-def test_a_new_space_runs_as_a_smoke_sweep(store_uri, tmp_path, ray_head):
-    space = tmp_path / "my_erm.yaml"
-    assert main(["space", "new", "erm", "--output", str(space)]) == 0
-    proc = run_cli(on_head(["sweep", str(space), "--smoke", "--executor", "function", "--trials", "1", "--replicates",
-                            "1", "--max-concurrent", "1", "--name", "new-space", "--storage", str(tmp_path / "runs"),
-                            "--tracking-uri", store_uri], ray_head), ray_head.env, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads((tmp_path / "runs" / "new-space" / "results" / "summary.json").read_text())
-    assert [t["status"] for t in summary["trials"]] == ["ok"] and set(summary["trials"][0]["sampled"]) == {"lr"}
-    assert [r["status"] for r in summary["replicates"]["runs"]] == ["ok"]
+# A space `space new` writes runs as a smoke sweep: test_new_algorithm.py (for an algorithm the package gains).
 
 
 # ----- bad input: one line, exit 2 -----------------------------------------------------------------

@@ -134,11 +134,11 @@ def one_line(text: str, length: int = 200) -> str:
 
 def finished_status(summary: SweepSummary | None) -> tuple[PairState, str] | None:
     """(status, reason) of a pair whose sweep wrote final results; None while it has not. A pair that selected
-    nothing failed; its reason lists the statuses its trials ended with."""
+    nothing failed; its reason lists why its trials failed (or the statuses they ended with)."""
     if summary is None or summary.state != SweepState.FINISHED:
         return None
     if summary.selected is None:
-        reasons = sorted({t.status.value for t in summary.trials})
+        reasons = sorted({t.failure_reason or t.status.value for t in summary.trials})
         return PairState.FAILED, f"no trial finished ({'; '.join(r for r in reasons if r)[:300] or 'no trials'})"
     return PairState.FINISHED, ""
 
