@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -293,3 +294,20 @@ def test_noisy_student_dropout_goes_before_the_box_classifier(detector):
     student.eval()
     with torch.no_grad():
         assert len(student(images)) == 2
+
+
+def test_a_half_precision_checkpoint_is_trained_from_float32_weights(minilm_folder, tmp_path):
+    """Checkpoints on the Hub are often stored in fp16 or bf16, which transformers 5 keeps unless told otherwise;
+    the trainer's bf16 autocast needs float32 master weights (fp16 ones gave a NaN loss in the GPU check)."""
+    from safetensors.torch import load_file, save_file
+
+    half = tmp_path / "minilm-fp16"
+    shutil.copytree(minilm_folder, half, ignore=shutil.ignore_patterns("model.safetensors"))
+    weights = load_file(minilm_folder / "model.safetensors")
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in weights.items()}, half / "model.safetensors",
+              metadata={"format": "pt"})
+    model = build_model("distilbert", ModelSpec((32,), 2, weights=half))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    from raybench.algorithms.mlm import masked_lm_for  # masked-LM pre-training's head, from the same folder
+
+    assert {p.dtype for p in masked_lm_for(model.featurizer).parameters()} == {torch.float32}

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from raybench.algorithms.base import Algorithm, AlgorithmContext, RoundContext, StepOutput
@@ -38,7 +39,9 @@ def masked_lm_for(featurizer: nn.Module) -> nn.Module:
     from transformers import AutoModelForMaskedLM
 
     encoder = featurizer.encoder
-    mlm = AutoModelForMaskedLM.from_pretrained(encoder.config._name_or_path, local_files_only=True)
+    # float32 as the featurizer (models/text.py): a half-precision checkpoint would give a half-precision head
+    mlm = AutoModelForMaskedLM.from_pretrained(encoder.config._name_or_path, local_files_only=True,
+                                               dtype=torch.float32)
     setattr(mlm, mlm.base_model_prefix, encoder)
     mlm.tie_weights()
     return mlm

@@ -50,9 +50,13 @@ class TextFeaturizer(nn.Module):
 
     def __init__(self, folder: Path, max_length: int) -> None:
         super().__init__()
+        import torch
         from transformers import AutoModel, AutoTokenizer
 
-        self.encoder = AutoModel.from_pretrained(folder, local_files_only=True)
+        # float32 whatever the checkpoint stores: transformers 5 loads a half-precision checkpoint (common on the
+        # Hub) in half precision, and the trainer's bf16 autocast expects float32 master weights (fp16 ones gave
+        # a NaN loss at the second step of the GPU check)
+        self.encoder = AutoModel.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
         # the tokenizer is plain (picklable) state, not a module: deepcopy copies it, state_dict skips it
         self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         limit = getattr(self.encoder.config, "max_position_embeddings", None)
