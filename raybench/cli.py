@@ -344,9 +344,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         except StorageFull as err:  # 74, sysexits' EX_IOERR: the input was good (2 is for bad input), a write was not
             print(f"raybench: {err}; free space and resume with: {resume}", file=sys.stderr)
             return 74
-    from raybench.sweep.report import render
-
-    print(render(summary, "table"))
+    print(_results_text(summary, "table"))  # what `raybench results NAME` shows, importances included
     print(f"\nMLflow: {mlflow_hint(redact_uri(prepared.tracking_uri), summary.mlflow or {})}")
     return 0
 

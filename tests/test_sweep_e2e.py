@@ -174,6 +174,7 @@ def test_the_console_shows_one_progress_line_per_run_and_none_of_tunes_boxes(smo
     assert f"best val/acc {selected['selection_value']:.4f}" in lines[1] and lines[1].endswith("ETA 0s")
     assert "Configuration for experiment" not in stdout and "TensorBoard" not in stdout
     assert "wall time" in stdout and "Compute: search 2 runs" in stdout
+    assert "hyperparameter importance for val/acc: fANOVA" in stdout  # the closing table is `results`'s
 
 
 def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_path, ray_head, capsys):
