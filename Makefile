@@ -35,8 +35,12 @@ lock:
 lint: $(STAMP)
 	$(BIN)/ruff check raybench tests benchmarks docs
 
+# Two pytest workers (pytest-xdist): a Ray test spends much of its time waiting on process start-ups, which
+# leaves a core idle that the other worker's test uses. --dist loadscope keeps each test module in one worker,
+# so a module's shared fixture (a sweep, a two-node cluster) runs once. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=50 tests
+	$(BIN)/python -m pytest -q --durations=50 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope) tests
 
 # The WILDS 2.0 protocol end to end on the embedded data: 10 random DANN configs on a private local Ray,
 # each a Ray Train run, selected on OOD validation, then 3 seed replicates; tracked in ./mlflow.db.

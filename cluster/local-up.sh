@@ -229,9 +229,13 @@ ensure_auth_token() {
     || fail "could not generate a Ray auth token (ray get-auth-token --generate); see $state/ray-start.log"
 }
 
-# The ports every node (head or worker) takes from its own port plan, as `ray start` flags.
+# The ports every node (head or worker) takes from its own port plan, as `ray start` flags; and no log monitor:
+# it streams every worker's output to drivers that ask for it, and every raybench driver sets
+# log_to_driver=False (a trial's output stays in its node's session logs, which `ray job logs` and the
+# dashboard read without it).
 node_port_flags() {
   node_flags=(
+    --include-log-monitor=false
     --dashboard-agent-listen-port="$RAYBENCH_DASHBOARD_AGENT_LISTEN_PORT"
     --dashboard-agent-grpc-port="$RAYBENCH_DASHBOARD_AGENT_GRPC_PORT"
     --runtime-env-agent-port="$RAYBENCH_RUNTIME_ENV_AGENT_PORT"

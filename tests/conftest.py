@@ -64,6 +64,14 @@ def tiny_dataset() -> ShiftDataset:
     return make_tiny_dataset()
 
 
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (`make test` runs two workers) each worker's torch takes its share of the cores, not
+    all of them: two workers each running every core's worth of intra-op threads would oversubscribe the machine."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 @pytest.fixture(autouse=True)
 def restore_torch_threads():
     """Put torch's intra-op thread count back after every test: a test that pins it to one thread would
