@@ -133,6 +133,15 @@ def test_worker_nodes_take_the_blocks_after_the_heads_and_bad_settings_are_refus
     assert not (fake_bin / "ran").exists(), "a refusal started something: " + (fake_bin / "ran").read_text()
 
 
+def test_a_local_up_node_runs_no_log_monitor(ray_head):
+    """local-up starts its nodes with --include-log-monitor=false: every raybench driver sets
+    log_to_driver=False, so a log monitor would stream every worker's output to no one, at a CPU cost."""
+    commands = [" ".join(proc.cmdline()) for temp in ray_head.temp_dirs() for proc in processes_under(temp)
+                if proc.is_running()]
+    assert any("raylet" in command for command in commands), commands  # the head's own processes were found
+    assert not [command for command in commands if "log_monitor" in command]
+
+
 def test_two_clusters_on_one_host_each_take_a_job_and_stop_separately(sweep_env, tmp_path, capsys, ray_head):
     """A second local head beside the session's (each with its own MLflow server and ports). Each takes a probe
     job that names its GCS; the new one, started in an empty RAY_TEMP_DIR it adopts, also runs cluster/rayjob.yaml's
