@@ -989,6 +989,20 @@ def _status(reason: str | None, record: dict[str, Any] | None) -> TrialStatus:
     return TrialStatus.STOPPED if record.get(STOPPED_KEY) else TrialStatus.OK
 
 
+def _with_record(reported: dict[str, Any], record: dict[str, Any] | None) -> dict[str, Any]:
+    """What Tune received, over the run's completed record, with the record's timing on top. The record holds
+    the run's last report: a run that finished after a signal stopped Tune's loop (its reports never reached
+    Tune) is still read whole from it, not taken for one that finished no epoch."""
+    record = record or {}
+    return {**record, **reported, **{k: v for k, v in record.items() if k.startswith(TIME_PREFIX)}}
+
+
+def cut_short(grid: tune.ResultGrid) -> bool:
+    """Tune ended its loop with trials it had not finished: a signal (Ctrl-C, SIGTERM) stopped the stage, even
+    when every run it started wrote its completed record before `collect` looked."""
+    return grid.num_terminated + grid.num_errors < len(grid)
+
+
 def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[TrialRecord]:
     """One record per trial: identity, sampled config, status and reason, metrics at its best epoch.
 
@@ -1003,7 +1017,7 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
         sampled = {k: v for k, v in (result.config or {}).items()}
         config = space.materialize(sampled)
         record = completed.load(run_key(config, spec.stage))
-        metrics.update({k: v for k, v in (record or {}).items() if k.startswith(TIME_PREFIX)})
+        metrics = _with_record(metrics, record)
         reason = _reason(result, metrics, record is not None)
         status = _status(reason, record)
         records.append(TrialRecord(

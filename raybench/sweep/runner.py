@@ -442,7 +442,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     search = spec("search", opts.trials if prepared.space.search else 1, early_stopping=asha)
     grid = backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume)
     trials = backend.collect(grid, prepared.space, search)
-    _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started)
+    _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started, backend.cut_short(grid))
     selected = tables.select_best(trials)
     replicates: list[TrialRecord] = []
     seeds: list[int] = []
@@ -454,7 +454,8 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
         replicate = spec("replicate", len(seeds), f"-{selected.trial_id}")
         grid = backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume)
         replicates = backend.collect(grid, prepared.space, replicate)
-        _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, trials, selected, seeds)
+        _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, backend.cut_short(grid),
+                              trials, selected, seeds)
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
     summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
     _record(prepared, tracker, summary, trials, replicates, selected)
@@ -462,12 +463,12 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
 
 
 def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str, runs: list[TrialRecord],
-                          expected: int, started: float, trials: list[TrialRecord] | None = None,
+                          expected: int, started: float, cut_short: bool, trials: list[TrialRecord] | None = None,
                           selected: TrialRecord | None = None, seeds: list[int] | None = None) -> None:
-    """Tune returns normally after a Ctrl-C; a stage with unfinished or missing runs is an interrupted one.
-    Its partial results are written (marked interrupted), then SweepInterrupted is raised."""
+    """Tune returns normally after a Ctrl-C; a stage that Tune cut short, or with unfinished or missing runs, is
+    an interrupted one. Its partial results are written (marked interrupted), then SweepInterrupted is raised."""
     done = sum(r.status != TrialStatus.INTERRUPTED for r in runs)
-    if done >= expected and len(runs) >= expected:
+    if not cut_short and done >= expected and len(runs) >= expected:
         return
     if stage == "search":
         trials, selected, seeds, replicates = runs, None, [], []
