@@ -21,10 +21,15 @@ Per executor x store it reports
   distinct trial ids, and every child's `val/acc` history at steps exactly [0, 1] (none missing, none
   logged twice). The script exits 1 when anything was lost or a sweep failed, after printing the table.
 
+With `--baseline CHECKOUT` (a git worktree of the commit before a change) every combination runs twice in a
+row, once driven by that checkout's raybench and once by this one's, the order alternating pair by pair: a
+change's before and after, measured side by side on one cluster and one tracking server.
+
 The cluster is always stopped with cluster/local-down.sh, on errors and on Ctrl-C too. Its ports are
 RAYBENCH_PORT_BASE = --port-base .. +399 (head block and worker-1 block).
 
     .venv/bin/python benchmarks/load.py [--trials 200] [--executors function,train] [--stores http,sqlite]
+        [--baseline CHECKOUT [--repeats N]]
         [--max-concurrent 2] [--port-base 26000] [--work DIR] [--out load.json]
 
 A small check: `--trials 6` takes a few minutes on two cores.
@@ -223,10 +228,16 @@ def cluster_down(env: dict[str, str], log: Path) -> bool:
 # ----- one sweep ----------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Combo:
-    """One row of the table: how trials run (function or train) and where they are tracked (http or sqlite)."""
+    """One row of the table: how trials run (function or train), where they are tracked (http or sqlite), and
+    whose code drives the sweep: this checkout's, or --baseline's (before/after a change, in one run)."""
 
     executor: str
     store: str
+    driver: str = "current"
+
+    @property
+    def label(self) -> str:
+        return f"{self.executor}/{self.store}" + ("" if self.driver == "current" else f"/{self.driver}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,15 +245,16 @@ class Tracking:
     """The sweep's own count of what it asked of MLflow (raybench.tracking.TrackingStats)."""
 
     calls: int
-    seconds: float
+    seconds: float  # what the sweep waited on the store
     failed: int
     retried: int  # by raybench, after a transient error
     http_retries: int  # by MLflow's HTTP client (urllib3), before raybench sees an error
+    background_seconds: float = 0.0  # the trial-run writer's calls, while the sweep went on (absent before it)
 
     @classmethod
     def from_summary(cls, stats: dict) -> Tracking:
         return cls(int(stats["calls"]), float(stats["seconds"]), int(stats["failed"]), int(stats["retried"]),
-                   int(stats["http_retries"]))
+                   int(stats["http_retries"]), float(stats.get("background_seconds", 0.0)))
 
     @property
     def retried_total(self) -> int:
@@ -311,9 +323,18 @@ class Result:
                 or self.verification is None or bool(self.verification.problems))
 
 
+def driver_argv(combo: Combo, baseline: Path | None) -> list[str]:
+    """`raybench`, or this venv's Python running the CLI of the --baseline checkout (its package first on the
+    path): only the sweep's driver differs, the cluster's workers run this checkout's trainer."""
+    if combo.driver == "current":
+        return [str(BIN / "raybench")]
+    code = f"import sys; sys.path.insert(0, {str(baseline)!r}); from raybench.cli import main; sys.exit(main())"
+    return [sys.executable, "-c", code]
+
+
 def sweep_argv(combo: Combo, trials: int, concurrent: int, cluster: Cluster, uri: str, storage: Path,
-               name: str) -> list[str]:
-    return [str(BIN / "raybench"), "sweep", "erm", "--smoke", "--trials", str(trials), "--replicates", "0",
+               name: str, baseline: Path | None = None) -> list[str]:
+    return [*driver_argv(combo, baseline), "sweep", "erm", "--smoke", "--trials", str(trials), "--replicates", "0",
             "--executor", combo.executor, "--max-concurrent", str(concurrent), "--address", cluster.address,
             "--tracking-uri", uri, "--storage", str(storage), "--name", name]
 
@@ -333,16 +354,16 @@ def read_summary(result: Result, path: Path) -> None:
 
 
 def run_one(combo: Combo, args: argparse.Namespace, cluster: Cluster, work: Path, stamp: str) -> Result:
-    name = f"load-{combo.executor}-{combo.store}-{stamp}"  # the http store outlives one benchmark run
+    name = f"load-{combo.label.replace('/', '-')}-{stamp}"  # the http store outlives one benchmark run
     uri = cluster.mlflow_uri if combo.store == "http" else f"sqlite:///{work / name}.db"
-    argv = sweep_argv(combo, args.trials, args.max_concurrent, cluster, uri, work / "runs", name)
+    argv = sweep_argv(combo, args.trials, args.max_concurrent, cluster, uri, work / "runs", name, args.baseline)
     log = work / f"{name}.log"
-    print(f"[{combo.executor}/{combo.store}] {args.trials} trials -> {uri} (log {log})", flush=True)
+    print(f"[{combo.label}] {args.trials} trials -> {uri} (log {log})", flush=True)
     ended = run_child(argv, cluster.env, log, timeout_s=args.timeout or None)
     result = Result(combo, name, uri, args.trials, ended.code, ended.wall_s, ended.maxrss_mib)
     read_summary(result, work / "runs" / name / "results" / "summary.json")
     result.verification = verify(uri, name, args.trials)
-    print(f"[{combo.executor}/{combo.store}] exit {ended.code}, {ended.wall_s:.1f} s, {result.ok} ok, "
+    print(f"[{combo.label}] exit {ended.code}, {ended.wall_s:.1f} s, {result.ok} ok, "
           f"{result.lost} lost", flush=True)
     if ended.code != 0:
         print(f"  the end of {log}:\n{tail(log)}", flush=True)
@@ -411,8 +432,8 @@ def check_children(client: object, children: list, check: Verification) -> None:
 
 
 # ----- report -------------------------------------------------------------------------------------------
-HEADER = ("executor", "store", "trials", "ok", "wall s", "trials/min", "calls/trial", "tracking s",
-          "tracking % of wall", "failed", "retried", "driver peak MiB", "lost")
+HEADER = ("executor", "store", "driver", "trials", "ok", "wall s", "trials/min", "calls/trial", "tracking s",
+          "tracking % of wall", "background s", "failed", "retried", "driver peak MiB", "lost")
 
 
 def table_row(r: Result) -> tuple[str, ...]:
@@ -420,9 +441,9 @@ def table_row(r: Result) -> tuple[str, ...]:
         return "-" if value is None else format(value, fmt)
 
     t = r.tracking
-    return (r.combo.executor, r.combo.store, str(r.trials), str(r.ok), f"{r.wall_s:.1f}", f"{r.trials_per_min:.1f}",
-            num(r.calls_per_trial, ".1f"), num(t and t.seconds, ".1f"),
-            num(None if r.tracking_share is None else 100 * r.tracking_share, ".1f"),
+    return (r.combo.executor, r.combo.store, r.combo.driver, str(r.trials), str(r.ok), f"{r.wall_s:.1f}",
+            f"{r.trials_per_min:.1f}", num(r.calls_per_trial, ".1f"), num(t and t.seconds, ".1f"),
+            num(None if r.tracking_share is None else 100 * r.tracking_share, ".1f"), num(t and t.background_seconds, ".1f"),
             num(t and t.failed, "d"), num(t and t.retried_total, "d"), f"{r.driver_peak_mib:.0f}", str(r.lost))
 
 
@@ -435,8 +456,9 @@ def print_table(results: list[Result]) -> None:
     for row in rows[1:]:
         print(line(row))
     print("\nwall s: the sweep process, start to exit; trials/min: finished trials per wall minute; calls, "
-          "tracking s, failed, retried: the sweep's own count (summary.json); tracking %: of the sweep's own "
-          "wall_seconds; driver peak: the sweep process's max RSS; lost: checked in MLflow.")
+          "tracking s (what the sweep waited on the store), background s (its trial-run writer's calls, made while "
+          "the sweep went on), failed, retried: the sweep's own count (summary.json); tracking %: tracking s of "
+          "the sweep's own wall_seconds; driver: this checkout or --baseline's; driver peak: the sweep process's max RSS; lost: checked in MLflow.")
 
 
 def as_json(outcome: Outcome, args: argparse.Namespace) -> dict:
@@ -469,8 +491,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per sweep before it is stopped "
                                                                         "(0: none)")
     parser.add_argument("--out", help="write every number as JSON here")
+    parser.add_argument("--repeats", type=int, default=1, help="with --baseline: pairs of each combination")
+    parser.add_argument("--baseline", help="a raybench checkout (say, a git worktree of the commit before a change) "
+                                           "whose driver runs every combination too, beside this checkout's")
     args = parser.parse_args()
     combos = [Combo(e, s) for e in args.executors.split(",") for s in args.stores.split(",")]
+    if args.baseline:  # each combination twice in a row, the order alternating, so drift hits both alike
+        args.baseline = Path(args.baseline).resolve()
+        if not (args.baseline / "raybench" / "cli.py").is_file():
+            parser.error(f"--baseline: expected a raybench checkout (with raybench/cli.py), got {args.baseline}")
+        pairs = [(Combo(c.executor, c.store, "baseline"), c) for c in combos] * args.repeats
+        combos = [combo for i, pair in enumerate(pairs) for combo in (pair if i % 2 == 0 else pair[::-1])]
     bad = [c for c in combos if c.executor not in ("function", "train") or c.store not in ("http", "sqlite")]
     if bad or args.trials < 1 or args.max_concurrent < 1:
         parser.error(f"expected executors in function,train, stores in http,sqlite, --trials and --max-concurrent "
@@ -499,8 +530,8 @@ def run_all(args: argparse.Namespace, work: Path) -> Outcome:
     try:
         cluster = cluster_up(work, args.port_base)
         outcome.cluster_start_s = time.perf_counter() - start
-        for combo in args.combos:
-            outcome.results.append(run_one(combo, args, cluster, work, stamp))
+        for index, combo in enumerate(args.combos):
+            outcome.results.append(run_one(combo, args, cluster, work, f"{stamp}-{index}"))
     except (KeyboardInterrupt, Interrupted):
         outcome.interrupted = True
         print("\ninterrupted; the table below holds the combinations that finished", flush=True)
@@ -523,7 +554,7 @@ def main() -> int:
         print(f"wrote {args.out}")
     failed = [r for r in outcome.results if r.failed]
     for r in failed:
-        print(f"FAILED {r.combo.executor}/{r.combo.store}: exit {r.exit_code}, {r.lost} lost, "
+        print(f"FAILED {r.combo.label}: exit {r.exit_code}, {r.lost} lost, "
               f"summary.json {'read' if r.tracking else 'missing'}")
     if not outcome.stopped:
         print(f"local-down.sh did not stop everything; see {work / 'local-down.log'}")

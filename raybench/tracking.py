@@ -14,17 +14,20 @@ import json
 import logging
 import math
 import os
+import queue
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # `raybench results` prints one table, no bars
@@ -244,14 +247,17 @@ TRANSIENT = ("database is locked", "database table is locked", "Max retries exce
 
 @dataclass
 class TrackingStats:
-    """What this process asked of the tracking store: calls and seconds, calls that failed for good, and
-    attempts repeated, by raybench after a transient error or by MLflow's HTTP client (urllib3's retries)."""
+    """What this process asked of the tracking store: calls, calls that failed for good, and attempts repeated,
+    by raybench after a transient error or by MLflow's HTTP client (urllib3's retries). `seconds` is what the
+    sweep waited on the store (its own calls, and its waits for the trial-run writer to drain);
+    `background_seconds` is the writer's own calls, made while the sweep went on (TrialRunWriter)."""
 
     calls: int = 0
     seconds: float = 0.0
     failed: int = 0
     retried: int = 0
     http_retries: int = 0
+    background_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -285,8 +291,8 @@ class CountedClient:
 
     BACKOFF_S = 0.5
 
-    def __init__(self, client: MlflowClient) -> None:
-        self._client = client
+    def __init__(self, client: MlflowClient, background: bool = False) -> None:
+        self._client, self._background = client, background
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._client, name)
@@ -302,7 +308,10 @@ class CountedClient:
                 raise
             finally:
                 PROCESS_STATS.calls += 1
-                PROCESS_STATS.seconds += time.perf_counter() - start
+                if self._background:
+                    PROCESS_STATS.background_seconds += time.perf_counter() - start
+                else:
+                    PROCESS_STATS.seconds += time.perf_counter() - start
 
         return counted
 
@@ -330,10 +339,10 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 class SweepTracker:
     """A sweep's view of MLflow: its parent run, its child runs and its artifacts."""
 
-    def __init__(self, uri: str, experiment: str = EXPERIMENT) -> None:
+    def __init__(self, uri: str, experiment: str = EXPERIMENT, background: bool = False) -> None:
         check_reachable(uri)
         self.uri = credentials_to_environment(uri)
-        self.client = CountedClient(MlflowClient(tracking_uri=self.uri))
+        self.client = CountedClient(MlflowClient(tracking_uri=self.uri), background)
         self.experiment_id = self._experiment(experiment)
         self.parent_id: str | None = None
 
@@ -386,8 +395,10 @@ class SweepTracker:
 
     def end_sweep(self, status: str, note: str | None = None) -> None:
         """Close the parent run; an interrupted sweep (KILLED) also closes every child still RUNNING, so no
-        run claims to be alive after its driver has gone."""
+        run claims to be alive after its driver has gone. The stage's trial-run writers are drained first (their
+        error, if any, already ended the sweep and is its note) and stopped."""
         assert self.parent_id is not None
+        TrialRunWriter.close_all()
         if note:
             self.client.set_tag(self.parent_id, "failure_reason", note[:5000])
         state = SWEEP_STATE_OF_STATUS.get(status, State.FAILED)
@@ -426,23 +437,24 @@ class SweepTracker:
         return self.open_child(key, run_name, params, tags)[0]
 
     def open_child(self, key: str, run_name: str, params: Mapping[str, Any],
-                   tags: Mapping[str, str]) -> tuple[str, int]:
+                   tags: Mapping[str, str], look_up: bool = True) -> tuple[str, int]:
         """The child run for `key` and the last epoch it has logged (-1 for a new run). A driver killed outright
         (SIGKILL) leaves a trial whose epochs after Tune's last saved checkpoint run again on resume; the caller
-        skips those already logged, so every epoch is in MLflow once."""
+        skips those already logged, so every epoch is in MLflow once. Without `look_up` (a sweep that is not
+        resuming has no earlier run of the key) the run is created without asking the store first."""
         assert self.parent_id is not None
-        run, created = self._nested(self.parent_id, key, run_name, params, tags)
+        run, created = self._nested(self.parent_id, key, run_name, params, tags, look_up)
         if created:
             return run, -1
         return run, max((int(m.step) for m in self.client.get_metric_history(run, EPOCH_METRIC)), default=-1)
 
-    def log_stage(self, trial_run: str, trial_key: str, stage: Mapping[str, Any]) -> None:
+    def log_stage(self, trial_run: str, trial_key: str, stage: Mapping[str, Any], look_up: bool = True) -> None:
         """One stage of a multi-stage method as a run nested in its trial's run: per-epoch history if it
         trained, its final numbers, where it came from (trained or cache key). Logged once, also on resume."""
         name = str(stage["name"])
         tags = {"stage": "method_stage", "raybench.method_stage": name, "cached": str(stage.get("cached", False))}
         params = {"stage_key": stage.get("key") or "-", **dict(stage.get("facts", {}))}
-        run, created = self._nested(trial_run, f"{trial_key}/{name}", f"{name}-{trial_key}", params, tags)
+        run, created = self._nested(trial_run, f"{trial_key}/{name}", f"{name}-{trial_key}", params, tags, look_up)
         if not created:
             return
         for step, metrics in enumerate(stage.get("history") or []):
@@ -455,8 +467,9 @@ class SweepTracker:
         self.client.set_terminated(run, status="FINISHED")
 
     def _nested(self, parent: str, key: str, run_name: str, params: Mapping[str, Any],
-                tags: Mapping[str, str]) -> tuple[str, bool]:
-        existing = self._find(f"tags.`{KEY_TAG}` = {quoted(key)} and tags.`{PARENT_TAG}` = {quoted(parent)}")
+                tags: Mapping[str, str], look_up: bool = True) -> tuple[str, bool]:
+        existing = self._find(f"tags.`{KEY_TAG}` = {quoted(key)} and tags.`{PARENT_TAG}` = {quoted(parent)}") \
+            if look_up else None
         if existing is not None:
             self.client.update_run(existing.info.run_id, status="RUNNING")
             return existing.info.run_id, False
@@ -465,8 +478,8 @@ class SweepTracker:
         return run.info.run_id, True
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, Any], step: int,
-                    tags: Mapping[str, str] | None = None) -> None:
-        self._log(run_id, metrics=numeric_metrics(metrics), step=step, tags=tags)
+                    tags: Mapping[str, str] | None = None, timestamp_ms: int | None = None) -> None:
+        self._log(run_id, metrics=numeric_metrics(metrics), step=step, tags=tags, timestamp_ms=timestamp_ms)
 
     def end_child(self, run_id: str, status: str, reason: str | None = None,
                   tags: Mapping[str, str] | None = None) -> None:
@@ -474,8 +487,8 @@ class SweepTracker:
         self.client.set_terminated(run_id, status=status)
 
     def _log(self, run_id: str, params: dict[str, str] | None = None, metrics: dict[str, float] | None = None,
-             step: int = 0, tags: Mapping[str, str] | None = None) -> None:
-        now = int(time.time() * 1000)
+             step: int = 0, tags: Mapping[str, str] | None = None, timestamp_ms: int | None = None) -> None:
+        now = timestamp_ms or now_ms()
         self.client.log_batch(
             run_id,
             metrics=[Metric(k, v, now, step) for k, v in (metrics or {}).items()],
@@ -509,6 +522,209 @@ class SweepTracker:
             history = sorted(self.client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
             curves.append((label, [m.step for m in history], [m.value for m in history]))
         return curves
+
+
+# ----- a sweep stage's trial runs, written beside the sweep instead of in its way -------------------------
+TRIAL_JOURNAL = "tracking-journal.jsonl"  # in a stage's Tune experiment folder under --storage
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class WriteKind(str, Enum):
+    OPEN = "open"  # the trial's run: created, or found again when resuming
+    EPOCH = "epoch"  # one epoch's metrics (and node tags), at the epoch's step
+    TAGS = "tags"
+    STAGE = "stage"  # an earlier stage of a multi-stage method, as a run nested in the trial's
+    END = "end"  # the run's closing metrics (what it used), its status and failure reason
+
+
+@dataclass(frozen=True)
+class RunWrite:
+    """One write to a trial's run, which it names by the run's key: what the sweep's Tune callback hands the
+    writer, and one line of the stage's journal. Metrics carry the time they were reported, so writing them
+    again changes nothing: MLflow's SQL store keeps a metric row (key, time, step, value) once."""
+
+    kind: WriteKind
+    key: str
+    run_name: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    step: int = 0
+    timestamp_ms: int = 0
+    status: str = ""
+    reason: str | None = None
+    stage: dict[str, Any] | None = None
+
+    def line(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "kind": self.kind.value}, default=str)
+
+    @classmethod
+    def from_line(cls, line: str) -> RunWrite:
+        values = json.loads(line)
+        return cls(**{**values, "kind": WriteKind(values["kind"])})
+
+
+def read_journal(path: Path) -> list[RunWrite]:
+    """The writes a stage's earlier drivers handed over; a last line cut short by a kill is dropped (its write
+    was never handed over: the journal is appended before the queue)."""
+    if not path.is_file():
+        return []
+    writes = []
+    for line in path.read_text().splitlines():
+        try:
+            writes.append(RunWrite.from_line(line))
+        except (ValueError, TypeError, KeyError):
+            continue
+    return writes
+
+
+class TrialRunWriter:
+    """The trial runs of one sweep stage, written to MLflow in order by one background thread, so that Tune's
+    callback only hands writes over and the driver never waits on the store between trials (over HTTP each
+    call costs tens of milliseconds, and Tune's loop, which schedules the next trial, runs the callback).
+
+    Nothing is lost: each write is appended to the stage's journal (TRIAL_JOURNAL, on --storage) before it is
+    queued. The writer is drained at every stage's end (Tune returns from a Ctrl-C too) and before the sweep's
+    parent run is closed (a SIGTERM or an error), and a resumed sweep writes its journal again first: a driver
+    killed outright (SIGKILL) leaves writes the store never got, and writing again those it did get changes
+    nothing (runs are found by key, metrics keep their time, tags and statuses are set to the same values). A
+    write that fails for good stops the writer: the sweep ends with that error, and `--resume` writes the rest.
+    One writer per stage journal in a process: a copy of Tune's callback restored from its experiment state
+    finds the same one."""
+
+    _open: ClassVar[dict[Path, TrialRunWriter]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, uri: str, parent_id: str, journal: Path, resuming: bool) -> None:
+        self.tracker = SweepTracker(uri, background=True)
+        self.tracker.parent_id = parent_id
+        self.journal, self.resuming = journal, resuming
+        self.runs: dict[str, str] = {}  # run key -> run id; below, the writer thread's own bookkeeping
+        self.logged_through: dict[str, int] = {}  # per key, the last epoch in the store
+        self.ended: set[str] = set()
+        self.live: set[str] = set()  # opened by this driver's trials, not only named by the journal
+        self.stages: set[str] = set()
+        self.error: Exception | None = None
+        self.error_raised = False
+        self.queue: queue.Queue[tuple[RunWrite, bool] | None] = queue.Queue()
+        for write in read_journal(journal) if resuming else []:
+            self.queue.put((write, True))
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        self._journal = journal.open("a")
+        self.thread = threading.Thread(target=self._work, name="raybench-tracking-writer", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def for_stage(cls, uri: str, parent_id: str, journal: Path, resuming: bool) -> TrialRunWriter:
+        with cls._lock:
+            writer = cls._open.get(journal)
+            if writer is None:
+                writer = cls._open[journal] = cls(uri, parent_id, journal, resuming)
+            return writer
+
+    @classmethod
+    def drain_all(cls) -> None:
+        """Wait until every write handed over in this process is in the store; raise the first write that failed."""
+        for writer in list(cls._open.values()):
+            writer.drain()
+
+    @classmethod
+    def close_all(cls) -> None:
+        """Drain every writer, without raising (the sweep is ending: a failed write is already its error), and
+        stop their threads."""
+        with cls._lock:
+            writers, cls._open = list(cls._open.values()), {}
+        for writer in writers:
+            writer.close()
+
+    def submit(self, write: RunWrite) -> None:
+        self._raise_failure()
+        self._journal.write(write.line() + "\n")
+        self._journal.flush()  # in the kernel's hands: a killed driver's journal still has it
+        self.queue.put((write, False))
+
+    def drain(self) -> None:
+        start = time.perf_counter()
+        self.queue.join()
+        PROCESS_STATS.seconds += time.perf_counter() - start
+        self._raise_failure()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.drain()
+        self.queue.put(None)
+        self.thread.join()
+        self._journal.close()
+
+    def _raise_failure(self) -> None:
+        if self.error is not None and not self.error_raised:
+            self.error_raised = True
+            raise TrackingError(f"tracking store {redact_uri(self.tracker.uri)}: {self.error}") from self.error
+
+    def _work(self) -> None:
+        while (item := self.queue.get()) is not None:
+            try:
+                if self.error is None:
+                    self._apply(*item)
+            except Exception as err:  # noqa: BLE001  kept for the sweep's thread to raise; the journal keeps the write
+                self.error = err
+            finally:
+                self.queue.task_done()
+        self.queue.task_done()
+
+    def _apply(self, write: RunWrite, replayed: bool) -> None:
+        if write.kind is WriteKind.OPEN:
+            self._open_run(write, replayed)
+            return
+        run = self.runs[write.key]
+        if write.kind is WriteKind.EPOCH:
+            self._log_epoch(run, write, replayed)
+        elif write.kind is WriteKind.TAGS:
+            self.tracker.set_tags(run, write.tags)
+        elif write.kind is WriteKind.STAGE and write.stage is not None:
+            self._log_stage(run, write)
+        elif write.kind is WriteKind.END:
+            self._end(run, write)
+
+    def _open_run(self, write: RunWrite, replayed: bool) -> None:
+        """A key seen before in this process (a repeated config, a replayed record, a run the journal named)
+        reuses its run, set running again as a resumed run is."""
+        key = write.key
+        if key not in self.runs:
+            self.runs[key], self.logged_through[key] = self.tracker.open_child(
+                key, write.run_name, write.params, write.tags, look_up=self.resuming)
+        elif not replayed and (key in self.ended or key not in self.live):
+            self.tracker.client.update_run(self.runs[key], status="RUNNING")
+        if not replayed:
+            self.live.add(key)
+            self.ended.discard(key)
+
+    def _log_epoch(self, run: str, write: RunWrite, replayed: bool) -> None:
+        """An epoch the store already has (a resumed trial ran it again after its last checkpoint) sends only
+        its tags; one written again from the journal is sent whole, as its metrics keep their time."""
+        if not replayed and write.step <= self.logged_through[write.key]:
+            if write.tags:
+                self.tracker.set_tags(run, write.tags)
+            return
+        self.tracker.log_metrics(run, write.metrics, step=write.step, tags=write.tags, timestamp_ms=write.timestamp_ms)
+        self.logged_through[write.key] = max(self.logged_through[write.key], write.step)
+
+    def _log_stage(self, run: str, write: RunWrite) -> None:
+        stage_key = f"{write.key}/{write.stage['name']}"
+        if stage_key not in self.stages:
+            self.tracker.log_stage(run, write.key, write.stage, look_up=self.resuming)
+            self.stages.add(stage_key)
+
+    def _end(self, run: str, write: RunWrite) -> None:
+        tags = write.tags
+        if write.metrics:  # what the run used, with the tags in one request
+            self.tracker.log_metrics(run, write.metrics, step=write.step, tags=tags, timestamp_ms=write.timestamp_ms)
+            tags = {}
+        self.tracker.end_child(run, write.status, reason=write.reason, tags=tags)
+        self.ended.add(write.key)
 
 
 # ----- a NeWT-style task suite ---------------------------------------------------------------------------

@@ -764,68 +764,80 @@ class RunRecords:
 class TrackingCallback(tune.Callback):
     """Mirrors every trial into a nested MLflow run through raybench.tracking (one log_batch per epoch).
 
-    It lives in the process that runs the sweep, so workers never need to reach MLflow. Runs are found
-    again by a key tag (trial id, plus seed for replicates), so a resumed sweep reuses them.
+    It lives in the process that runs the sweep, so workers never need to reach MLflow. It only hands its
+    writes to the stage's TrialRunWriter, which writes them in order beside Tune's loop and journals them on
+    --storage. Runs are named by a key (trial id, plus seed for replicates): a sweep that is not resuming
+    creates its runs without asking the store for earlier ones; a resumed sweep, and a copy of this callback
+    that Tune restores from its experiment state, finds them again and reuses them.
     """
 
     def __init__(self, tracker: Any, space: ResolvedSpace, stage: str, tags: dict[str, str],
-                 records: RunRecords) -> None:
-        self._tracker, self.space, self.stage, self.tags, self.records = tracker, space, stage, tags, records
-        self.uri, self.parent_id = tracker.uri, tracker.parent_id
-        self.runs: dict[str, str] = {}
-        self.logged_through: dict[str, int] = {}  # per Tune trial, the last epoch its run had logged when found
-        self.stages_logged: set[tuple[str, str]] = set()
-        self.nodes: dict[str, list[str]] = {}  # per Tune trial, the nodes its epochs ran on, in order
+                 records: RunRecords, journal: Path, resuming: bool) -> None:
+        self.space, self.stage, self.tags, self.records = space, stage, tags, records
+        self.uri, self.parent_id, self.journal, self.resuming = tracker.uri, tracker.parent_id, journal, resuming
+        self.__dict__.update(self._fresh_state())
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles callbacks into its experiment state and hands the copy back on restore: keep the
-        tracking URI and parent run id, and reconnect lazily."""
+        tracking URI, parent run id and journal, and reconnect lazily."""
         return {**self.__dict__, **self._fresh_state()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """A sweep started by an older raybench pickled fewer fields: the per-process ones start empty."""
-        self.__dict__.update({**state, **self._fresh_state()})
+        """A restored copy resumes: it looks its runs up. A sweep started by an older raybench pickled fewer
+        fields: the per-process ones start empty."""
+        self.__dict__.update({"journal": None, **state, **self._fresh_state(), "resuming": True})
 
     @staticmethod
     def _fresh_state() -> dict[str, Any]:
-        """What a restored copy rebuilds in its own process: the tracker connection and the per-trial maps."""
-        return {"_tracker": None, "runs": {}, "logged_through": {}, "stages_logged": set(), "nodes": {}}
+        """What a restored copy rebuilds in its own process: the writer and the per-trial maps."""
+        return {"_writer": None, "runs": {}, "stages_logged": set(), "nodes": {}}
 
     @property
-    def tracker(self) -> Any:
-        if self._tracker is None:
-            from raybench.tracking import SweepTracker
+    def writer(self) -> Any:
+        if self._writer is None:
+            from raybench.tracking import TRIAL_JOURNAL, TrialRunWriter
 
-            self._tracker = SweepTracker(self.uri)
-            self._tracker.parent_id = self.parent_id
-        return self._tracker
+            journal = self.journal or self.records.completed.directory.parent / TRIAL_JOURNAL
+            self._writer = TrialRunWriter.for_stage(self.uri, self.parent_id, journal, self.resuming)
+        return self._writer
+
+    def _submit(self, kind: str, key: str, **fields: Any) -> None:
+        from raybench.tracking import RunWrite, WriteKind, now_ms
+
+        self.writer.submit(RunWrite(WriteKind(kind), key, timestamp_ms=now_ms(), **fields))
 
     def _key(self, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         materialized = self.space.materialize(config)
         return run_key(materialized, self.stage), materialized
 
     def _run(self, trial: Any) -> str:
+        """The key of the trial's run, opened (handed to the writer) at the trial's first event."""
         if trial.trial_id not in self.runs:
             key, config = self._key(trial.config)
             tags = {**self.tags, "stage": self.stage, "trial_id": key.split("-seed")[0], "seed": str(config["seed"]),
                     "tune_trial_id": trial.trial_id}
             name = readable_run_name(self.stage, key, {k: v for k, v in trial.config.items() if k in self.space.search},
                                      config["seed"])
-            self.runs[trial.trial_id], self.logged_through[trial.trial_id] = self.tracker.open_child(key, name, config, tags)
+            self._submit("open", key, run_name=name, params=config, tags=tags)
+            self.runs[trial.trial_id] = key
         return self.runs[trial.trial_id]
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._run(trial)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        run = self._run(trial)
+        """An epoch's metrics (the writer skips one its run already has); a failure's or a replayed record's
+        result only moves the node tags."""
+        key = self._run(trial)
         tags = self._node_tags(trial, result.get(NODE))
-        step = int(result.get("epoch", iteration))
-        if FAILURE_KEY not in result and not result.get("replayed") and step > self.logged_through[trial.trial_id]:
-            self.tracker.log_metrics(run, result, step=step, tags=tags)
+        if FAILURE_KEY not in result and not result.get("replayed"):
+            from raybench.tracking import numeric_metrics
+
+            self._submit("epoch", key, metrics=numeric_metrics(result), step=int(result.get("epoch", iteration)),
+                         tags=tags)
         elif tags:
-            self.tracker.set_tags(run, tags)
-        self._log_stages(trial, run, result)
+            self._submit("tags", key, tags=tags)
+        self._log_stages(trial, key, result)
 
     def _node_tags(self, trial: Any, node: str | None) -> dict[str, str]:
         """The run's `raybench.nodes` tag (the nodes it ran on, in order: `worker-1,head` after a node was lost)
@@ -836,28 +848,30 @@ class TrackingCallback(tune.Callback):
         seen.append(node)
         return {"raybench.nodes": ",".join(seen)}
 
-    def _log_stages(self, trial: Any, run: str, result: dict) -> None:
+    def _log_stages(self, trial: Any, key: str, result: dict) -> None:
         """Each earlier stage of a multi-stage method becomes a run nested in the trial's run, once."""
         for stage in json.loads(result.get(STAGES_KEY) or "[]"):
             if (trial.trial_id, stage["name"]) not in self.stages_logged:
-                self.tracker.log_stage(run, self._key(trial.config)[0], stage)
+                self._submit("stage", key, stage=stage)
                 self.stages_logged.add((trial.trial_id, stage["name"]))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        run = self._run(trial)
+        key = self._run(trial)
         last, record = trial.last_result or {}, self.records.for_trial(trial)
         reason = last.get(FAILURE_KEY)  # a diverged Train run ends without an exception
         tags = {"raybench.selection_blind": str(last[BLIND_INFO])} if last.get(BLIND_INFO) else {}
         if record.get(STOPPED_KEY):
             tags["raybench.stopped_early"] = f"after epoch {int(record[EPOCHS_DONE]) - 1}"
-        if record and not last.get("replayed"):  # what the run used, from its record, with the tags in one request
-            timing = {k: v for k, v in record.items() if k.startswith(TIME_PREFIX)}
-            self.tracker.log_metrics(run, timing, step=int(record.get("epoch", iteration)), tags=tags)
-            tags = {}
-        self.tracker.end_child(run, "FAILED" if reason else "FINISHED", reason=reason, tags=tags)
+        timing = {}
+        if record and not last.get("replayed"):  # what the run used, from its record
+            from raybench.tracking import numeric_metrics
+
+            timing = numeric_metrics({k: v for k, v in record.items() if k.startswith(TIME_PREFIX)})
+        self._submit("end", key, metrics=timing, step=int(record.get("epoch", iteration)) if timing else 0, tags=tags,
+                     status="FAILED" if reason else "FINISHED", reason=reason)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.tracker.end_child(self._run(trial), "FAILED", reason=error_reason(trial))
+        self._submit("end", self._run(trial), status="FAILED", reason=error_reason(trial))
 
 
 class ProgressCallback(tune.Callback):

@@ -133,12 +133,15 @@ def compute_line(compute: dict[str, dict[str, float]]) -> str:
 
 
 def tracking_line(stats: dict[str, float], wall_s: float, runs: int) -> str:
-    """`Tracking: 1234 calls (6.2 a run), 45.0 s (12.0% of the wall time), 0 failed, 0 retried`: what the sweep's
-    process asked of the MLflow store (raybench.tracking.TrackingStats)."""
+    """`Tracking: 1234 calls (6.2 a run), 4.0 s waited (1.0% of the wall time), 45.0 s in the background, 0 failed,
+    0 retried`: what the sweep's process asked of the MLflow store (raybench.tracking.TrackingStats); the seconds
+    the sweep waited on it, and those its trial-run writer spent while the sweep went on."""
     share = 100.0 * stats["seconds"] / wall_s if wall_s > 0 else 0.0
     per_run = f" ({stats['calls'] / runs:.1f} a run)" if runs else ""
-    return (f"Tracking: {int(stats['calls'])} calls{per_run}, {stats['seconds']:.1f} s ({share:.1f}% of the wall time), "
-            f"{int(stats['failed'])} failed, {int(stats['retried']) + int(stats['http_retries'])} retried")
+    background = stats.get("background_seconds", 0.0)  # absent from a summary written before the writer
+    return (f"Tracking: {int(stats['calls'])} calls{per_run}, {stats['seconds']:.1f} s waited ({share:.1f}% of the "
+            f"wall time), {background:.1f} s in the background, {int(stats['failed'])} failed, "
+            f"{int(stats['retried']) + int(stats['http_retries'])} retried")
 
 
 def summary_tracking_line(summary: SweepSummary) -> str:

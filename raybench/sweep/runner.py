@@ -39,9 +39,11 @@ from raybench.tracking import (
     LOCK_TAG,
     PROCESS_STATS,
     RESUME_TAG,
+    TRIAL_JOURNAL,
     RecordedSweep,
     SweepTracker,
     TrackingError,
+    TrialRunWriter,
     base_tags,
     check_reachable,
     check_uri,
@@ -432,7 +434,8 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     def spec(stage: str, total: int, suffix: str = "", early_stopping: Any = None) -> Any:
         name = f"{prepared.name}-{stage}{suffix}"
         records = backend.RunRecords(backend.CompletedRuns(prepared.storage / name / "completed"), prepared.space, stage)
-        callback = backend.TrackingCallback(tracker, prepared.space, stage, tags, records)
+        callback = backend.TrackingCallback(tracker, prepared.space, stage, tags, records,
+                                            journal=prepared.storage / name / TRIAL_JOURNAL, resuming=opts.resume)
         progress = backend.ProgressCallback(StageProgress(STAGE_TITLES[stage], total, prepared.selection_metric),
                                             records, say=announce)
         return backend.RunSpec(name, prepared.storage, stage, opts.executor, resources,
@@ -441,6 +444,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
     search = spec("search", opts.trials if prepared.space.search else 1, early_stopping=asha)
     grid = backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume)
+    TrialRunWriter.drain_all()  # every run of the stage in the store before anything reads them
     trials = backend.collect(grid, prepared.space, search)
     _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started, backend.cut_short(grid))
     selected = tables.select_best(trials)
@@ -453,6 +457,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
         # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
         replicate = spec("replicate", len(seeds), f"-{selected.trial_id}")
         grid = backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume)
+        TrialRunWriter.drain_all()
         replicates = backend.collect(grid, prepared.space, replicate)
         _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, backend.cut_short(grid),
                               trials, selected, seeds)

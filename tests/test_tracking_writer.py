@@ -1,0 +1,146 @@
+"""The trial-run writer: Tune's callback hands writes over and goes on; the writer sends them in order beside it,
+journals them on --storage first, and a resumed sweep sends its journal again without writing anything twice."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from raybench import tracking
+from raybench.tracking import RunWrite, SweepTracker, TrackingError, TrialRunWriter, WriteKind, read_journal
+
+KEY = "t0001-seed0"
+
+
+@pytest.fixture
+def sweep(tmp_path, monkeypatch):
+    """A sweep's parent run in a fresh SQLite store, its stage journal's path, and no writer left behind."""
+    monkeypatch.setattr(tracking, "PROCESS_STATS", tracking.TrackingStats())
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = SweepTracker(uri)
+    tracker.start_sweep("writer", params={}, tags={})
+    yield uri, tracker.parent_id, tmp_path / "runs" / "writer-search" / tracking.TRIAL_JOURNAL
+    TrialRunWriter.close_all()
+
+
+def trial_writes(key: str = KEY, epochs: int = 2) -> list[RunWrite]:
+    """What the callback hands over for one trial: its run, its epochs (at distinct times), its end."""
+    return [RunWrite(WriteKind.OPEN, key, run_name=f"search {key}", params={"lr": 0.1}, tags={"stage": "search"}),
+            *(RunWrite(WriteKind.EPOCH, key, metrics={"val/acc": 0.5 + epoch / 10, "epoch": float(epoch)},
+                       step=epoch, timestamp_ms=1_000 + epoch) for epoch in range(epochs)),
+            RunWrite(WriteKind.END, key, metrics={"time/wall_s": 3.0}, step=epochs - 1, timestamp_ms=2_000,
+                     status="FINISHED", tags={"raybench.stopped_early": "no"})]
+
+
+def runs_of(uri: str, parent: str) -> list:
+    return MlflowClient(tracking_uri=uri).search_runs(
+        [MlflowClient(tracking_uri=uri).get_experiment_by_name("raybench").experiment_id],
+        f"tags.`mlflow.parentRunId` = '{parent}'")
+
+
+def history(uri: str, run_id: str, metric: str = "val/acc") -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in MlflowClient(tracking_uri=uri).get_metric_history(run_id, metric))
+
+
+def test_submit_returns_while_the_store_is_busy_and_drain_waits_for_every_write(sweep):
+    uri, parent, journal = sweep
+    writer = TrialRunWriter.for_stage(uri, parent, journal, resuming=False)
+    gate, entered = threading.Event(), threading.Event()
+    log_batch = writer.tracker.client.log_batch
+
+    def held_log_batch(*args, **kwargs):  # the store answers only once the test lets it
+        entered.set()
+        assert gate.wait(30)
+        return log_batch(*args, **kwargs)
+
+    writer.tracker.client.log_batch = held_log_batch
+    for write in trial_writes():
+        writer.submit(write)  # returns at once: the writer is held inside the store
+    assert entered.wait(30) and not runs_of(uri, parent)[0].data.metrics
+    assert len(read_journal(journal)) == 4, "each write is journalled before it is queued"
+    gate.set()
+    TrialRunWriter.drain_all()
+    [run] = runs_of(uri, parent)
+    assert history(uri, run.info.run_id) == [(0, 0.5), (1, 0.6)] and run.info.status == "FINISHED"
+    assert run.data.tags["raybench.key"] == KEY and run.data.tags["raybench.stopped_early"] == "no"
+    assert run.data.metrics["time/wall_s"] == 3.0 and run.data.params == {"lr": "0.1"}
+    assert tracking.PROCESS_STATS.background_seconds > 0 and tracking.PROCESS_STATS.seconds > 0  # drain waited
+
+
+def test_a_fresh_sweep_creates_its_runs_without_looking_them_up_and_reuses_a_repeated_key(sweep, monkeypatch):
+    uri, parent, journal = sweep
+    writer = TrialRunWriter.for_stage(uri, parent, journal, resuming=False)
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("a sweep that is not resuming looked a run up")
+
+    writer.tracker.client.search_runs = no_lookup
+    for write in [*trial_writes(), *trial_writes()[:1]]:  # the same config again: a repeat, replayed from its record
+        writer.submit(write)
+    writer.drain()
+    [run] = runs_of(uri, parent)
+    assert run.info.status == "RUNNING", "the repeat runs again in its first run"
+    assert TrialRunWriter.for_stage(uri, parent, journal, resuming=True) is writer, "a restored callback's copy shares it"
+
+
+def test_a_killed_drivers_unsent_writes_are_sent_on_resume_and_none_twice(sweep, monkeypatch):
+    """The first driver's store refuses the second epoch (as if the driver died there: writes journalled but
+    never sent). A resumed driver sends the whole journal again: the run is found by key, the first epoch is not
+    logged twice (it keeps its time), the rest arrive, and the run ends FINISHED."""
+    uri, parent, journal = sweep
+    first = TrialRunWriter.for_stage(uri, parent, journal, resuming=False)
+    log_batch, sent = first.tracker.client.log_batch, []
+
+    def refuses_the_second_epoch(run_id, metrics=(), **kwargs):
+        if any(m.key == "val/acc" and m.step == 1 for m in metrics):
+            raise RuntimeError("the store went away")
+        sent.append([m.step for m in metrics])
+        return log_batch(run_id, metrics=metrics, **kwargs)
+
+    first.tracker.client.log_batch = refuses_the_second_epoch
+    for write in trial_writes():
+        first.submit(write)
+    with pytest.raises(TrackingError, match="the store went away"):
+        first.drain()
+    first.drain()  # the error is raised once; the sweep is ending with it
+    TrialRunWriter.close_all()
+    [run] = runs_of(uri, parent)
+    assert history(uri, run.info.run_id) == [(0, 0.5)] and run.info.status == "RUNNING"
+
+    resumed = TrialRunWriter.for_stage(uri, parent, journal, resuming=True)
+    resumed.drain()
+    [run] = runs_of(uri, parent)
+    assert history(uri, run.info.run_id) == [(0, 0.5), (1, 0.6)], "every epoch once"
+    assert run.info.status == "FINISHED" and run.data.metrics["time/wall_s"] == 3.0
+    # A resumed trial that runs its second epoch again (after its last checkpoint) adds nothing to it.
+    resumed.submit(trial_writes()[0])
+    resumed.submit(RunWrite(WriteKind.EPOCH, KEY, metrics={"val/acc": 0.9}, step=1, timestamp_ms=5_000,
+                            tags={"raybench.nodes": "worker-1"}))
+    resumed.drain()
+    [run] = runs_of(uri, parent)
+    assert history(uri, run.info.run_id) == [(0, 0.5), (1, 0.6)] and run.data.tags["raybench.nodes"] == "worker-1"
+    assert run.info.status == "RUNNING", "a trial of the journal that runs again is running again"
+
+
+def test_a_journal_line_cut_short_by_a_kill_is_dropped(tmp_path):
+    journal = tmp_path / tracking.TRIAL_JOURNAL
+    whole = trial_writes()
+    journal.write_text("".join(write.line() + "\n" for write in whole) + whole[0].line()[:25])
+    assert read_journal(journal) == whole
+
+
+def test_a_callback_tune_restores_resumes_and_shares_the_stages_writer(sweep):
+    """Tune pickles its callbacks into the experiment state and restores the copy: that copy must look its runs
+    up (a resume), journal to the same file, and hand its writes to the writer the sweep drains."""
+    import pickle
+    from types import SimpleNamespace
+
+    from raybench.sweep.ray_backend import TrackingCallback
+
+    uri, parent, journal = sweep
+    original = TrackingCallback(SimpleNamespace(uri=uri, parent_id=parent), space=None, stage="search", tags={},
+                                records=None, journal=journal, resuming=False)
+    restored = pickle.loads(pickle.dumps(original))
+    assert not original.resuming and restored.resuming and restored.journal == journal
+    assert restored.writer is original.writer
