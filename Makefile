@@ -38,9 +38,12 @@ lint: $(STAMP)
 # Two pytest workers (pytest-xdist): a Ray test spends much of its time waiting on process start-ups, which
 # leaves a core idle that the other worker's test uses. --dist loadscope keeps each test module in one worker,
 # so a module's shared fixture (a sweep, a two-node cluster) runs once. TEST_WORKERS=0 runs in one process.
+# --no-loadscope-reorder hands the modules out in the order tests/conftest.py gives them: the costliest first, by
+# tests/module_costs.json (refresh it with `make test PYTEST_ARGS=--record-module-costs`).
 TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=50 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope) tests
+	$(BIN)/python -m pytest -q --durations=50 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder) $(PYTEST_ARGS) tests
 
 # The WILDS 2.0 protocol end to end on the embedded data: 10 random DANN configs on a private local Ray,
 # each a Ray Train run, selected on OOD validation, then 3 seed replicates; tracked in ./mlflow.db.

