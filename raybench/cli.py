@@ -317,7 +317,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates, seed=args.seed,
         sampler=args.sampler, max_concurrent=args.max_concurrent, workers_per_trial=args.workers_per_trial,
         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
-        worker_resources=tuple(dict(args.worker_resource).items()), address=args.address,
+        worker_resources=tuple(dict(args.worker_resource).items()),
+        trial_resources=tuple(dict(args.trial_resource).items()), address=args.address,
         tracking_uri=args.tracking_uri, storage=args.storage, name=args.name, smoke=args.smoke, resume=args.resume,
         executor=args.executor, selection=args.selection, autoscaling=args.autoscaling, resume_command=resume,
         scheduler=args.scheduler, grace_period=args.grace_period, reduction_factor=args.reduction_factor,
@@ -723,6 +724,9 @@ def add_sweep_parser(sub: Any) -> None:
     p.add_argument("--worker-resource", type=resource_request, action="append", default=[], metavar="NAME=AMOUNT",
                    help="a custom Ray resource every trial worker asks for, e.g. raybench_worker=1 to run trials only "
                         "on the worker nodes of cluster/local-up.sh (repeatable)")
+    p.add_argument("--trial-resource", type=resource_request, action="append", default=[], metavar="NAME=AMOUNT",
+                   help="a custom Ray resource each trial holds once while it runs, whatever its workers: "
+                        "`raybench benchmark` passes raybench_slot=1, its trial queue (repeatable)")
     p.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray")
     p.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
     p.add_argument("--storage", default="runs", help="Tune storage folder (shared storage on a multi-node cluster)")

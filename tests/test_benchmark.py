@@ -17,7 +17,7 @@ import yaml
 from conftest import BIN, REPO, cli, on_head, processes_under, run_cli
 from mlflow import MlflowClient
 
-from raybench.sweep.benchmark import BenchmarkOptions, Pair, sweep_command
+from raybench.sweep.benchmark import TRIAL_SLOT, BenchmarkOptions, Pair, SweepTarget, sweep_command
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.tracking import PARENT_TAG
 
@@ -30,11 +30,11 @@ def write_yaml(path: Path, body: dict) -> Path:
     return path
 
 
-def broken_erm_space(folder: Path) -> Path:
-    """ERM, except that on spuco-digits its model reads weights from a file that does not exist: valid YAML,
+def broken_erm_space(folder: Path, dataset: str = "spuco-digits") -> Path:
+    """ERM, except that on `dataset` its model reads weights from a file that does not exist: valid YAML,
     refused only by that pair's own sweep (its model check), so exactly one pair of the grid fails."""
     space = yaml.safe_load((REPO / "search_spaces" / "erm.yaml").read_text())
-    space["datasets"] = {"spuco-digits": {"fixed": {"model_weights": str(folder / "no-such-weights.pt")}}}
+    space["datasets"] = {dataset: {"fixed": {"model_weights": str(folder / "no-such-weights.pt")}}}
     space.pop("derived", None)
     return write_yaml(folder / "erm_broken.yaml", space)
 
@@ -131,9 +131,20 @@ def test_the_sweeps_shares_of_the_cap_add_up_to_at_most_the_cap_and_reach_each_s
     benchmark = load_benchmark(str(write_yaml(tmp_path / "bench.yaml", body)))
     assert benchmark.sweeps_at_once * benchmark.trials_per_sweep <= benchmark.max_concurrent_trials
     pair: Pair = benchmark.pairs[0]
-    words = sweep_command(pair, benchmark, BenchmarkOptions(tmp_path, "sqlite:///x.db"), "127.0.0.1:1", "sqlite:///x.db",
-                          "run", resume=False)
+    target = SweepTarget("127.0.0.1:1", "sqlite:///x.db", "run")
+    words = sweep_command(pair, benchmark, BenchmarkOptions(tmp_path, "sqlite:///x.db"), target, resume=False)
     assert words[words.index("--max-concurrent") + 1] == "2" and words[words.index("--parent-run") + 1] == "run"
+    assert "--trial-resource" not in words
+
+
+def test_in_the_trial_queue_every_sweep_may_run_the_whole_cap_each_trial_holding_one_slot(tmp_path):
+    body = {"name": "b", **SMOKE, "max_concurrent_trials": 5, "sweeps_at_once": 2,
+            "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral"]}]}
+    benchmark = load_benchmark(str(write_yaml(tmp_path / "bench.yaml", body)))
+    target = SweepTarget("127.0.0.1:1", "sqlite:///x.db", "run", queued=True)
+    words = sweep_command(benchmark.pairs[0], benchmark, BenchmarkOptions(tmp_path, "sqlite:///x.db"), target, False)
+    assert words[words.index("--max-concurrent") + 1] == "5"
+    assert words[words.index("--trial-resource") + 1] == f"{TRIAL_SLOT}=1"
 
 
 # ----- end to end -------------------------------------------------------------------------------------
@@ -177,6 +188,39 @@ def test_a_2x2_benchmark_nests_its_sweeps_records_the_broken_pair_and_attaches_t
         own = json.loads(cli(["results", row["sweep"], "--format", "json", "--tracking-uri", uri], capsys).stdout)["replicates"]["summary"]
         cells = [key.removesuffix(".mean") for key in row if key.endswith(".mean")]
         assert cells and all(row[f"{c}.mean"] == own[f"best/{c}"]["mean"] for c in cells)
+
+
+def _run_intervals(storage: Path, sweep: str) -> list[tuple[float, float]]:
+    """Each finished run of a sweep (any stage): from its trainer's start to its last report, by the wall clock."""
+    records = [json.loads(p.read_text()) for p in sorted(storage.glob(f"{sweep}-*/completed/*.json"))]
+    return [(r["time/trainer_started_at"], r["time/reported_at"]) for r in records]
+
+
+def _most_at_once(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_on_its_private_ray_a_benchmarks_sweeps_share_one_trial_queue(store_uri, tmp_path, sweep_env):
+    """Cap 2, two sweeps at once, one of which its own check refuses at once: the slot it leaves is the coral
+    sweep's to take, which then runs two trials at a time. The static split (one trial a sweep) never would."""
+    body = {"name": "q", **SMOKE, "max_concurrent_trials": 2, "sweeps_at_once": 2,
+            "grid": [{"datasets": ["digits-shift"], "spaces": [str(broken_erm_space(tmp_path, "digits-shift")), "coral"]}],
+            "pairs": [{"dataset": "digits-shift", "space": "coral", "trials": 3}]}
+    path = write_yaml(tmp_path / "bench.yaml", body)
+    runs = tmp_path / "runs"
+    result = run_cli(["benchmark", str(path), "--storage", str(runs), "--tracking-uri", store_uri,
+                      "--progress-every", "5"], sweep_env, tmp_path, timeout=900)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # the broken pair
+    assert "1 of 2 pairs finished, 1 failed" in result.stdout
+    coral_log = (runs / "q" / "logs" / "q-coral-digits-shift.log").read_text()
+    assert f"--max-concurrent 2 --trial-resource {TRIAL_SLOT}=1" in coral_log, coral_log[:2000]
+    coral = _run_intervals(runs, "q-coral-digits-shift")
+    assert len(coral) == 4 and _most_at_once(coral) == 2, coral
 
 
 def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(store_uri, tmp_path, ray_head):

@@ -5,8 +5,11 @@ Each pair runs as its own `raybench sweep` process joined to the shared cluster:
 - a pair is exactly the sweep a user would run by hand: the same checks, records, resume and results;
 - a pair that crashes, or that its own checks refuse, is recorded with its reason and the others go on;
 - a signal stops each sweep the way it stops a sweep run alone, so `--resume` continues each exactly.
-Trials of all pairs share the cluster through Ray's scheduler. The benchmark's cap on running trials holds
-because at most `sweeps_at_once` sweeps run at once, each with `max_concurrent_trials // sweeps_at_once`.
+Trials of all pairs share the cluster through Ray's scheduler, in one queue: the benchmark's private Ray declares
+`max_concurrent_trials` slots of TRIAL_SLOT, and every trial holds one while it runs (`--trial-resource`). Each of
+the `sweeps_at_once` sweeps may run up to the whole cap, so a slot one sweep leaves idle (down to its last
+replicate, or failed) is taken by another's waiting trial, and Ray never runs more trials than there are slots.
+A cluster at `--address` declares no queue: there each running sweep gets `max_concurrent_trials // sweeps_at_once`.
 
 What is finished is read from each sweep's own results on disk, never from memory: a resumed benchmark
 never re-runs a finished pair, even one that finished after the benchmark itself was killed.
@@ -35,6 +38,7 @@ from raybench.sweep.progress import duration
 from raybench.sweep.results import write_text_atomically
 
 STATE_FILE = "benchmark.json"
+TRIAL_SLOT = "raybench_slot"  # the custom resource of the benchmark's trial queue (the module docstring says how)
 INTERRUPTED_CODES = (130, 143)  # a sweep stopped by SIGINT or SIGTERM says so in its exit status
 STOP_GRACE_S = 300.0  # a sweep stopping on SIGTERM writes its partial results; then it is killed
 
@@ -286,19 +290,27 @@ def _resume_notes(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
 
 
 # ----- one pair's sweep process -------------------------------------------------------------------------
-def sweep_command(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, address: str, tracking_uri: str,
-                  parent_run: str, resume: bool) -> list[str]:
+def sweep_command(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, target: SweepTarget,
+                  resume: bool) -> list[str]:
     """The `raybench sweep` this pair is: the command a user would type, joined to the shared cluster."""
     words = [sys.executable, "-m", "raybench.cli", "sweep", str(pair.space_path), "--dataset", pair.dataset,
-             "--name", pair.sweep, "--storage", str(options.storage), "--tracking-uri", tracking_uri,
-             "--address", address, "--trials", str(pair.trials), "--seed", str(benchmark.seed),
+             "--name", pair.sweep, "--storage", str(options.storage), "--tracking-uri", target.tracking_uri,
+             "--address", target.address, "--trials", str(pair.trials), "--seed", str(benchmark.seed),
              "--selection", benchmark.selection, "--executor", benchmark.executor,
-             "--max-concurrent", str(benchmark.trials_per_sweep), "--parent-run", parent_run]
+             *concurrency_words(benchmark, target.queued), "--parent-run", target.parent_run]
     words += ["--replicates", str(pair.replicates)] if pair.replicates is not None else []
     words += ["--smoke"] if benchmark.smoke else []
     for key, value in pair.fixed.items():
         words += ["--set", f"{key}={_cli_value(value)}"]
     return words + (["--resume"] if resume else [])
+
+
+def concurrency_words(benchmark: Benchmark, queued: bool) -> list[str]:
+    """In the trial queue a sweep may run the whole cap, each trial holding one slot; without it (a cluster at
+    --address) a sweep runs its static share."""
+    if queued:
+        return ["--max-concurrent", str(benchmark.max_concurrent_trials), "--trial-resource", f"{TRIAL_SLOT}=1"]
+    return ["--max-concurrent", str(benchmark.trials_per_sweep)]
 
 
 def _cli_value(value: Any) -> str:
@@ -406,9 +418,12 @@ def _run_pairs_on_cluster(benchmark: Benchmark, options: BenchmarkOptions, recor
     """The pairs on the cluster at --address, or on a private local Ray started for them and stopped after."""
     from raybench.sweep import ray_backend as backend  # Ray starts only once everything is valid
 
-    address = options.address or backend.start_shared_cluster(driver_slots=2 * benchmark.max_concurrent_trials)
+    queued = options.address is None
+    address = options.address or backend.start_shared_cluster(2 * benchmark.max_concurrent_trials,
+                                                               {TRIAL_SLOT: benchmark.max_concurrent_trials})
     try:
-        PairRunner(benchmark, options, records, SweepTarget(address, tracking_uri, parent), state_path, say).run()
+        target = SweepTarget(address, tracking_uri, parent, queued)
+        PairRunner(benchmark, options, records, target, state_path, say).run()
     finally:
         if options.address is None:
             backend.shutdown()
@@ -422,6 +437,7 @@ class SweepTarget:
     address: str
     tracking_uri: str
     parent_run: str
+    queued: bool = False  # the cluster declares the benchmark's trial queue (its private Ray does)
 
 
 class PairRunner:
@@ -477,8 +493,7 @@ class PairRunner:
     def _start(self, pair: Pair) -> None:
         storage = self.options.storage
         resume = (storage / pair.sweep).exists() or (storage / f"{pair.sweep}-search").exists()
-        command = sweep_command(pair, self.benchmark, self.options, self.target.address, self.target.tracking_uri,
-                                self.target.parent_run, resume)
+        command = sweep_command(pair, self.benchmark, self.options, self.target, resume)
         job = launch(pair, command, self.folder / "logs" / f"{pair.sweep}.log")
         threading.Thread(target=lambda: (job.process.wait(), self.ended.put(job)), daemon=True).start()
         self.running.append(job)
@@ -587,8 +602,9 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
     not be bound to its dataset here (`bind_pairs`) says so."""
     unchecked = {b.pair.sweep: b.unchecked for b in bindings if b.unchecked}
     lines = [(f"benchmark {benchmark.name} ({benchmark.path}): {len(benchmark.pairs)} sweeps, at most "
-             f"{benchmark.max_concurrent_trials} trials at once ({benchmark.sweeps_at_once} sweeps x "
-             f"{benchmark.trials_per_sweep} trials), selection {benchmark.selection}, executor {benchmark.executor}"
+             f"{benchmark.max_concurrent_trials} trials at once (one queue for up to {benchmark.sweeps_at_once} "
+             f"sweeps at once; at --address {benchmark.sweeps_at_once} sweeps x {benchmark.trials_per_sweep} "
+             f"trials), selection {benchmark.selection}, executor {benchmark.executor}"
              f"{', smoke' if benchmark.smoke else ''}"), ""]
     for pair in benchmark.pairs:
         replicates = "the dataset's replicates" if pair.replicates is None else f"{pair.replicates} replicates"

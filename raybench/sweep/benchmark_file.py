@@ -101,7 +101,8 @@ class Benchmark:
 
     @property
     def trials_per_sweep(self) -> int:
-        """Each running sweep's share of the benchmark's trial cap, so the running trials never exceed it."""
+        """Each running sweep's static share of the benchmark's trial cap, on a cluster without its trial queue
+        (one at --address), so the running trials never exceed the cap."""
         return max(1, self.max_concurrent_trials // self.sweeps_at_once)
 
 

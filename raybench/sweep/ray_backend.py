@@ -178,6 +178,7 @@ class Resources:
     gpus_per_worker: float = 0.0
     max_failures: int = 2
     custom: tuple[tuple[str, float], ...] = ()
+    per_trial: tuple[tuple[str, float], ...] = ()  # held once by each trial, whatever its workers: a queue's slot
 
     def per_worker(self) -> dict[str, float]:
         """One worker's request in Ray's resource names."""
@@ -218,10 +219,11 @@ DEFAULT_TRAIN_PATH = TrainPath()
 
 
 # ----- connecting -----------------------------------------------------------------------------------
-def connect(address: str | None, driver_slots: int) -> bool:
+def connect(address: str | None, driver_slots: int, queues: dict[str, int] | None = None) -> bool:
     """Join a cluster (`address`) or start a private local one; make sure trial drivers can be placed.
 
     Returns whether this call connected (so the caller disconnects again); False when Ray was already up.
+    `queues` adds custom resources to a private Ray's node: a benchmark's trial queue (Resources.per_trial).
     First the processes that dead drivers' private Rays left on this host are stopped (leftovers.py); a private
     Ray started here is recorded for the same reason. The caller's SIGTERM handler survives ray.init.
     """
@@ -244,7 +246,8 @@ def connect(address: str | None, driver_slots: int) -> bool:
     # Ray >= 2.59 turns token auth on for a local cluster and warns that it did, once per sweep: not news.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     with callers_sigterm_kept():
-        ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1)}, include_dashboard=False, log_to_driver=False,
+        ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1), **(queues or {})},
+                 include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
     node = ray._private.worker._global_node  # the Ray this process just started: its session and processes
     record_driver(Path(node.get_session_dir_path()),
@@ -316,10 +319,11 @@ def callers_sigterm_kept() -> Any:
             signal.signal(signal.SIGTERM, previous)
 
 
-def start_shared_cluster(driver_slots: int) -> str:
+def start_shared_cluster(driver_slots: int, queues: dict[str, int]) -> str:
     """A private local Ray for a whole benchmark, started by this process; its sweeps, each a process of
-    its own, join it at the returned GCS address, so their trials share its CPUs through Ray's scheduler."""
-    connect(None, driver_slots)
+    its own, join it at the returned GCS address, so their trials share its CPUs, and the slots of its
+    `queues`, through Ray's scheduler."""
+    connect(None, driver_slots, queues)
     return str(ray.get_runtime_context().gcs_address)
 
 
@@ -365,8 +369,12 @@ def check_resources(resources: Resources, executor: str, autoscaling: bool) -> N
     An autoscaling cluster may grow into the request, so `autoscaling` skips the check."""
     if autoscaling:
         return
-    need = resources.per_worker()
     nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    for name, amount in resources.per_trial:
+        if max((node.get(name, 0.0) for node in nodes), default=0.0) + 1e-9 < amount:
+            raise ClusterError(f"each trial holds {amount:g} {name}, but no node of the cluster offers it; a "
+                               f"benchmark's private Ray declares its trial queue, a cluster at --address does not")
+    need = {**resources.per_worker(), **(dict(resources.per_trial) if executor == "function" else {})}
     fits = sum(_bundles_on(node, need) for node in nodes)
     workers = resources.workers if executor == "train" else 1
     if fits >= workers:
@@ -622,11 +630,11 @@ def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
         _finish(completed, key, last, started, resources.gpus_per_worker, stopped_early(spec, trial_id, last))
 
     if spec.executor == "train":
-        return tune.with_resources(train_driver, {"cpu": 0, DRIVER_RESOURCE: 1})
+        return tune.with_resources(train_driver, {"cpu": 0, DRIVER_RESOURCE: 1, **dict(resources.per_trial)})
     if resources.workers != 1:
         raise ValueError("--executor function runs single-worker trials; use --executor train for several workers")
     return tune.with_resources(function_trial, {"cpu": resources.cpus_per_worker, "gpu": resources.gpus_per_worker,
-                                                 **dict(resources.custom)})
+                                                 **dict(resources.custom), **dict(resources.per_trial)})
 
 
 MAX_RUN_NAME = 120

@@ -85,6 +85,7 @@ class SweepOptions:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     worker_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources each trial worker asks for
+    trial_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources each trial holds once (a queue's slot)
     address: str | None = None
     tracking_uri: str | None = None
     storage: str = "runs"
@@ -405,7 +406,8 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
     connected = backend.connect(opts.address, driver_slots=max(opts.max_concurrent, 1) * 2)
     try:
         resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker,
-                                      opts.max_failures, custom=opts.worker_resources)
+                                      opts.max_failures, custom=opts.worker_resources,
+                                      per_trial=opts.trial_resources)
         backend.check_resources(resources, opts.executor, opts.autoscaling)
         tags = base_tags(opts.dataset, prepared.algorithm)
         if opts.resume_command:
