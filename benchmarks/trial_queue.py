@@ -1,0 +1,104 @@
+"""A benchmark's one trial queue against the static split it replaced, side by side in one run.
+
+Runs the same benchmark file twice through `raybench benchmark`, each time on a fresh private Ray on this host:
+- **static split**: a Ray that declares no trial queue, joined with `--address`, where each running sweep gets
+  `max_concurrent_trials // sweeps_at_once` trials for its whole life (what every benchmark did before);
+- **one queue**: the benchmark's own private Ray, which declares `max_concurrent_trials` slots of raybench_slot
+  that every trial holds while it runs, each sweep allowed the whole cap.
+
+For each it prints the wall time, the busy slot-seconds (the sum of every run's wall seconds, as the runs' own
+completed records give them) and the slot utilisation, busy / (cap x wall). Goal (issue #24): utilisation
+>= 0.90 with the queue, and a lower wall time than the static split's in the same run.
+
+    .venv/bin/python benchmarks/trial_queue.py [GRID] [--order static,queue]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Measured:
+    mode: str
+    wall_s: float
+    busy_slot_s: float
+    runs: int
+    cap: int
+    exit_code: int
+
+    @property
+    def utilisation(self) -> float:
+        return self.busy_slot_s / (self.cap * self.wall_s)
+
+
+def busy_slot_seconds(storage: Path) -> tuple[float, int]:
+    """Every run's wall seconds (its completed record's time/wall_s), over all pairs and stages."""
+    from raybench.report_keys import WALL_S
+
+    walls = [json.loads(path.read_text()).get(WALL_S, 0.0) for path in storage.glob("*/completed/*.json")]
+    return float(sum(walls)), len(walls)
+
+
+def run_benchmark(grid: Path, root: Path, address: str | None, env: dict[str, str]) -> tuple[float, int]:
+    command = [sys.executable, "-m", "raybench.cli", "benchmark", str(grid), "--storage", str(root / "runs"),
+               "--tracking-uri", f"sqlite:///{root}/mlflow.db", "--progress-every", "60"]
+    command += ["--address", address] if address else []
+    started = time.monotonic()
+    with open(root / "benchmark.log", "w") as log:
+        code = subprocess.run(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    return time.monotonic() - started, code
+
+
+def measure(mode: str, grid: Path, cap: int, root: Path) -> Measured:
+    """`static`: a Ray without the queue started here, the benchmark joined to it; `queue`: its own."""
+    from raybench.sweep import ray_backend as backend
+
+    root.mkdir(parents=True)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    address = backend.start_shared_cluster(2 * cap, {}) if mode == "static" else None
+    try:
+        wall, code = run_benchmark(grid, root, address, {**os.environ, **env})
+    finally:
+        if address:
+            backend.shutdown()
+    busy, runs = busy_slot_seconds(root / "runs")
+    return Measured(mode, wall, busy, runs, cap, code)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("grid", nargs="?", default=str(REPO / "benchmarks" / "grids" / "embedded.yaml"))
+    parser.add_argument("--order", default="static,queue", help="the modes, in the order they run")
+    args = parser.parse_args()
+    from raybench.sweep.benchmark_file import load_benchmark
+
+    benchmark = load_benchmark(args.grid)
+    root = Path(tempfile.mkdtemp(prefix="trial-queue-"))
+    print(f"{benchmark.name}: {len(benchmark.pairs)} pairs, cap {benchmark.max_concurrent_trials}, "
+          f"{benchmark.sweeps_at_once} sweeps at once; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs; files under {root}", flush=True)
+    results = []
+    for mode in args.order.split(","):
+        results.append(measure(mode, Path(args.grid).resolve(), benchmark.max_concurrent_trials, root / mode))
+        r = results[-1]
+        print(f"{r.mode:7s} exit {r.exit_code}  wall {r.wall_s:8.1f} s  busy {r.busy_slot_s:8.1f} slot-s over "
+              f"{r.runs} runs  utilisation {r.utilisation:.3f}", flush=True)
+    by_mode = {r.mode: r for r in results}
+    if {"static", "queue"} <= by_mode.keys():
+        print(f"queue / static wall: {by_mode['queue'].wall_s / by_mode['static'].wall_s:.3f}; "
+              f"utilisation goal >= 0.90 with the queue: {'met' if by_mode['queue'].utilisation >= 0.90 else 'missed'}")
+
+
+if __name__ == "__main__":
+    main()
