@@ -121,20 +121,21 @@ def declared_in(source: str | None) -> list[tuple[str, str | None]] | None:
     only running the module tells."""
     if source is None:
         return None
-    tree = ast.parse(source)
-    found, literal = [], set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+    found, literal, calls = [], set(), []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and _calls_register(node):
+            calls.append(node)
+        elif isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             for decorator in node.decorator_list:
                 name = _literal_registration(decorator)
                 if name is not None:
                     found.append((name, ast.get_docstring(node, clean=False)))
                     literal.add(id(decorator))
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _calls_register(n)]
     return found if all(id(call) in literal for call in calls) else None
 
 
 def _calls_register(call: ast.Call) -> bool:
+    """Whether the call is `register(...)` or `X.register(...)`: any registry's, however the module names it."""
     func = call.func
     return (isinstance(func, ast.Name) and func.id == "register") or (
         isinstance(func, ast.Attribute) and func.attr == "register")
