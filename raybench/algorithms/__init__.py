@@ -30,6 +30,7 @@ _FROM_BASE = ("Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "Sampl
 
 
 def __getattr__(name: str) -> Any:
+    """A base name, imported on first use: the base module imports torch, which listing the algorithms must not."""
     if name not in _FROM_BASE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(import_module("raybench.algorithms.base"), name)

@@ -18,6 +18,7 @@ _FROM_BASE = ("FeaturizerHead", "load_local_weights")  # imported from raybench.
 
 
 def __getattr__(name: str) -> Any:
+    """A base name, imported on first use: the base module imports torch, which listing the models must not."""
     if name not in _FROM_BASE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(import_module("raybench.models.base"), name)
