@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raybench.records import PairState, SweepSummary
-from raybench.registry import UnknownNameError
+from raybench.registry import Registry, UnknownNameError
 from raybench.settings import MAX_COUNT, MAX_MAGNITUDE, MAX_SEED, number_text
 
 
@@ -81,23 +81,33 @@ def resource_request(text: str) -> tuple[str, float]:
 
 # ----- raybench list ----------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
-    from raybench.algorithms import ALGORITHMS
-    from raybench.data import DATASETS
-    from raybench.models import MODELS
-
     if args.what == "settings":
         return list_settings(args.algorithm)
     if args.algorithm is not None:
         raise UsageError(f"list {args.what}: expected no second argument (only `list settings ALGORITHM` takes one), "
                          f"got {args.algorithm!r}")
-    registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS}
-    names = registries[args.what].names()
+    registry = listed_registry(args.what)
+    names = registry.names()
     width = max(len(n) for n in names)
     for name in names:
-        entry = registries[args.what].get(name)
-        summary = (entry.__doc__ or "").strip().splitlines()[0] if entry.__doc__ else ""
-        print(f"{name:{width}s}  {summary}".rstrip())
+        print(f"{name:{width}s}  {registry.summary(name)}".rstrip())
     return 0
+
+
+def listed_registry(what: str) -> Registry[Any]:
+    """The registry `raybench list WHAT` prints, importing that package alone: the algorithms and models are
+    listed from their modules' source (no torch); the datasets' package still imports every dataset module."""
+    if what == "algorithms":
+        from raybench.algorithms import ALGORITHMS
+
+        return ALGORITHMS
+    if what == "models":
+        from raybench.models import MODELS
+
+        return MODELS
+    from raybench.data import DATASETS
+
+    return DATASETS
 
 
 def list_settings(algorithm: str | None) -> int:

@@ -1,23 +1,41 @@
-"""Algorithms, one file each, registered by name; `build_algorithm` is how the trainer makes one."""
+"""Algorithms, one file each, registered by name; `build_algorithm` is how the trainer makes one.
+
+The registry reads each module's `@register("name")` from its source and imports the module when that algorithm
+is first used, and the base classes resolve on first use (PEP 562): listing the algorithms imports no torch."""
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from raybench.algorithms.base import (
-    Algorithm,
-    AlgorithmContext,
-    Hparams,
-    RoundContext,
-    SamplingPlan,
-    ScoredRows,
-    StageModel,
-    StepOutput,
-)
 from raybench.algorithms.registry import ALGORITHMS, register
-from raybench.models.base import FeaturizerHead
-from raybench.registry import import_every_module
 
-import_every_module(__name__, __path__)  # each module registers itself: no list to keep
+if TYPE_CHECKING:
+    from raybench.algorithms.base import (
+        Algorithm,
+        AlgorithmContext,
+        Hparams,
+        RoundContext,
+        SamplingPlan,
+        ScoredRows,
+        StageModel,
+        StepOutput,
+    )
+    from raybench.models.base import FeaturizerHead
+
+ALGORITHMS.discover(__name__, __path__)  # each module registers itself: no list to keep
+
+# The names raybench.algorithms.base defines, imported from there when first asked for.
+_FROM_BASE = ("Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "SamplingPlan", "ScoredRows", "StageModel",
+              "StepOutput")
+
+
+def __getattr__(name: str) -> Any:
+    """A base name, imported on first use: the base module imports torch, which listing the algorithms must not."""
+    if name not in _FROM_BASE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module("raybench.algorithms.base"), name)
+    globals()[name] = value
+    return value
 
 
 def parse_hparams(name: str, values: dict[str, Any]) -> Hparams:

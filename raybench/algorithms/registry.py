@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from raybench.algorithms.base import Algorithm
 from raybench.registry import Registry
+
+if TYPE_CHECKING:  # the base class imports torch; the registry's names and summaries need none
+    from raybench.algorithms.base import Algorithm
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 

@@ -1,11 +1,29 @@
-"""Models: featurizer + head builders behind one registry; `build_model(name, spec)` is the entry point."""
+"""Models: featurizer + head builders behind one registry; `build_model(name, spec)` is the entry point.
+
+The registry reads each module's `@MODELS.register("name")` from its source and imports the module when that
+model is first built, and the base names resolve on first use (PEP 562): listing the models imports no torch."""
 from __future__ import annotations
 
-from raybench.models.base import FeaturizerHead, load_local_weights
-from raybench.models.registry import MODELS, ModelSpec
-from raybench.registry import import_every_module
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-import_every_module(__name__, __path__)  # each module registers itself: no list to keep
+from raybench.models.registry import MODELS, ModelSpec
+
+if TYPE_CHECKING:
+    from raybench.models.base import FeaturizerHead, load_local_weights
+
+MODELS.discover(__name__, __path__)  # each module registers itself: no list to keep
+
+_FROM_BASE = ("FeaturizerHead", "load_local_weights")  # imported from raybench.models.base when first asked for
+
+
+def __getattr__(name: str) -> Any:
+    """A base name, imported on first use: the base module imports torch, which listing the models must not."""
+    if name not in _FROM_BASE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module("raybench.models.base"), name)
+    globals()[name] = value
+    return value
 
 
 def build_model(name: str, spec: ModelSpec) -> FeaturizerHead:

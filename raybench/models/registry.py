@@ -4,9 +4,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from raybench.models.base import FeaturizerHead
 from raybench.registry import Registry
+
+if TYPE_CHECKING:  # the model classes import torch; the registry's names and summaries need none
+    from raybench.models.base import FeaturizerHead
 
 
 @dataclass(frozen=True)
@@ -18,5 +21,5 @@ class ModelSpec:
     layout: str = ""
 
 
-ModelBuilder = Callable[[ModelSpec], FeaturizerHead]
+ModelBuilder = Callable[[ModelSpec], "FeaturizerHead"]
 MODELS: Registry[ModelBuilder] = Registry("model")

@@ -52,6 +52,18 @@ def _densenet(name: str) -> Callable[[ModelSpec], FeaturizerHead]:
     return build
 
 
-MODELS.register("resnet18")(_resnet("resnet18"))
-MODELS.register("resnet50")(_resnet("resnet50"))
-MODELS.register("densenet121")(_densenet("densenet121"))
+# Registered by decorators with their names written out, so the registry reads them from this file without
+# importing it (raybench/registry.py); no docstrings, so `raybench list models` describes none of them.
+@MODELS.register("resnet18")
+def resnet18(spec: ModelSpec) -> FeaturizerHead:
+    return _resnet("resnet18")(spec)
+
+
+@MODELS.register("resnet50")
+def resnet50(spec: ModelSpec) -> FeaturizerHead:
+    return _resnet("resnet50")(spec)
+
+
+@MODELS.register("densenet121")
+def densenet121(spec: ModelSpec) -> FeaturizerHead:
+    return _densenet("densenet121")(spec)
