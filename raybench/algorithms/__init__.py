@@ -4,10 +4,10 @@ The registry reads each module's `@register("name")` from its source and imports
 is first used, and the base classes resolve on first use (PEP 562): listing the algorithms imports no torch."""
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from raybench.algorithms.registry import ALGORITHMS, register
+from raybench.lazy import names_on_first_use
 
 if TYPE_CHECKING:
     from raybench.algorithms.base import (
@@ -29,13 +29,8 @@ _FROM_BASE = ("Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "Sampl
               "StepOutput")
 
 
-def __getattr__(name: str) -> Any:
-    """A base name, imported on first use: the base module imports torch, which listing the algorithms must not."""
-    if name not in _FROM_BASE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module("raybench.algorithms.base"), name)
-    globals()[name] = value
-    return value
+# The base module imports torch, which listing the algorithms must not.
+__getattr__ = names_on_first_use(globals(), dict.fromkeys(_FROM_BASE, "raybench.algorithms.base"))
 
 
 def parse_hparams(name: str, values: dict[str, Any]) -> Hparams:

@@ -4,9 +4,9 @@ The registry reads each module's `@MODELS.register("name")` from its source and 
 model is first built, and the base names resolve on first use (PEP 562): listing the models imports no torch."""
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from raybench.lazy import names_on_first_use
 from raybench.models.registry import MODELS, ModelSpec
 
 if TYPE_CHECKING:
@@ -17,13 +17,8 @@ MODELS.discover(__name__, __path__)  # each module registers itself: no list to 
 _FROM_BASE = ("FeaturizerHead", "load_local_weights")  # imported from raybench.models.base when first asked for
 
 
-def __getattr__(name: str) -> Any:
-    """A base name, imported on first use: the base module imports torch, which listing the models must not."""
-    if name not in _FROM_BASE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module("raybench.models.base"), name)
-    globals()[name] = value
-    return value
+# The base module imports torch, which listing the models must not.
+__getattr__ = names_on_first_use(globals(), dict.fromkeys(_FROM_BASE, "raybench.models.base"))
 
 
 def build_model(name: str, spec: ModelSpec) -> FeaturizerHead:

@@ -4,8 +4,7 @@ Names resolve on first use (PEP 562), so a process that needs only the callback 
 Train's controller unpickling a report callback, does not import torch."""
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from raybench.lazy import names_on_first_use
 
 _HOMES = {
     "Callback": "callbacks", "EpochReport": "callbacks", "StageReport": "callbacks",
@@ -15,9 +14,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)  # noqa: PLE0605  the lazily imported names, from the one table above
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'raybench.trainer' has no attribute {name!r}")
-    value = getattr(import_module(f"raybench.trainer.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = names_on_first_use(globals(), {name: f"raybench.trainer.{home}" for name, home in _HOMES.items()})
