@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shlex
 import signal
@@ -849,13 +850,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = argv
         run: Callable[[argparse.Namespace], int] = args.run
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # a reader gone (a closed pipe) surfaces here, where it is handled, not at exit
+        return status
     except UsageError as err:
         print(f"raybench: error: {one_short_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("raybench: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`raybench list algorithms | head`): stop quietly, as `ls | head` does, with
+    128 + SIGPIPE. Python would otherwise print a traceback, and another error when it flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

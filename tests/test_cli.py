@@ -92,3 +92,13 @@ def test_console_script_reports_errors_without_traceback():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "raybench: error: --set lr: expected float, got 'x'"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_sigpipes_status():
+    """`raybench list algorithms | head -1`: the reader closed the pipe before the listing was written. The
+    command stops with 128 + SIGPIPE and writes nothing to stderr (no BrokenPipeError traceback)."""
+    proc = subprocess.Popen([sys.executable, "-m", "raybench.cli", "list", "algorithms"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
