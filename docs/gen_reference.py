@@ -189,7 +189,7 @@ def settings_rows(settings: list[Any], notes: dict[str, str]) -> list[tuple[str,
 def settings_page() -> str:
     from raybench.algorithms import ALGORITHMS
     from raybench.settings import settings_of
-    from raybench.sweep.runner import OWN_FLAGS
+    from raybench.sweep.space import OWN_FLAGS
     from raybench.trainer import TrainConfig
 
     header = ("name", "type", "default", "allowed", "help")

@@ -116,7 +116,7 @@ def list_settings(algorithm: str | None) -> int:
     dataclasses declare them."""
     from raybench.algorithms import ALGORITHMS
     from raybench.settings import settings_of, settings_table
-    from raybench.sweep.runner import OWN_FLAGS
+    from raybench.sweep.space import OWN_FLAGS
     from raybench.trainer import TrainConfig
 
     try:
@@ -549,8 +549,7 @@ def _save_comparison_plots(comparison: Any, plot: Path) -> list[Path]:
 def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(the parsed space, the space a sweep with these flags searches, the dataset), every error one line."""
     from raybench.data import load_dataset
-    from raybench.sweep.runner import command_line_overrides, sweep_space
-    from raybench.sweep.space import SpaceError, load_space
+    from raybench.sweep.space import SpaceError, command_line_overrides, load_space, sweep_space
     from raybench.trainer import ConfigError, TrainConfig
 
     try:
@@ -577,7 +576,7 @@ def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 def _config_blame(err: Any, args: argparse.Namespace, space: Any) -> UsageError:
     """A config the space and the flags make together, refused: named by the flag when the refused setting was
     given on the command line (--set, --smoke), else by the space file, which never blames a --set not given."""
-    from raybench.sweep.runner import command_line_overrides
+    from raybench.sweep.space import command_line_overrides
 
     overrides = command_line_overrides(getattr(args, "smoke", False), parse_assignments(getattr(args, "set", [])))
     if err.key in overrides:

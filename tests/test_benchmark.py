@@ -69,8 +69,7 @@ def test_the_wilds_grid_is_the_papers_pairs_and_refuses_the_rest_with_reasons():
 
 def test_the_embedded_grid_pairs_each_resolve_on_their_dataset():
     from raybench.data import load_dataset
-    from raybench.sweep.runner import sweep_space
-    from raybench.sweep.space import load_space
+    from raybench.sweep.space import load_space, sweep_space
 
     benchmark = load_benchmark(str(GRIDS / "embedded.yaml"))
     assert {p.dataset for p in benchmark.pairs} == {"digits-shift", "spuco-digits"}

@@ -16,8 +16,7 @@ from test_compare import compare_json, summary
 from raybench.data import load_dataset
 from raybench.records import SweepSummary
 from raybench.sweep.compare import render
-from raybench.sweep.runner import sweep_space
-from raybench.sweep.space import load_space
+from raybench.sweep.space import load_space, sweep_space
 from raybench.trainer import TrainConfig, Trainer
 from raybench.trainer.callbacks import Callback
 

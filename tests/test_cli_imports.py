@@ -7,8 +7,7 @@ What each command may not import is what it does not import today. Still importe
 - `list datasets`: torch, from the dataset modules, since SpuCo's variants and the WILDS datasets register
   in loops whose names and docstrings only running those modules gives;
 - `list settings`, `space new`, `space show`, `space draw`: torch, since every algorithm's `Hparams` lives in
-  its module beside the torch code and `space show`/`draw` load the dataset; `list settings` and `space
-  show`/`draw` also MLflow, through raybench.sweep.runner (OWN_FLAGS, sweep_space);
+  its module beside the torch code and `space show`/`draw` load the dataset;
 - `results`, `compare`: MLflow, which reads the tracking store (stubbed here, so no store is needed).
 """
 from __future__ import annotations
@@ -51,10 +50,10 @@ CASES = [
     (["list", "algorithms"], HEAVY),
     (["list", "models"], HEAVY),
     (["list", "datasets"], ("ray", "mlflow")),
-    (["list", "settings", "dann"], ("ray",)),
+    (["list", "settings", "dann"], ("ray", "mlflow")),
     (["space", "new", "dann"], ("ray", "mlflow")),
-    (["space", "show", "erm"], ("ray",)),
-    (["space", "draw", "dann", "--trials", "3"], ("ray",)),
+    (["space", "show", "erm"], ("ray", "mlflow")),
+    (["space", "draw", "dann", "--trials", "3"], ("ray", "mlflow")),
     (["results", "demo", "--tracking-uri", "sqlite:///unused.db"], ("torch", "ray")),
     (["compare", "--tracking-uri", "sqlite:///unused.db"], ("torch", "ray")),
 ]

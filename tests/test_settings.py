@@ -24,8 +24,7 @@ from raybench.settings import (
     setting,
     settings_of,
 )
-from raybench.sweep.runner import OWN_FLAGS
-from raybench.sweep.space import SEARCH_DIR, load_space
+from raybench.sweep.space import OWN_FLAGS, SEARCH_DIR, load_space
 from raybench.trainer import ConfigError, TrainConfig
 
 TRAINER_FIELDS = [f for f in dataclasses.fields(TrainConfig) if f.name != "hparams"]

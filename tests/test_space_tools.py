@@ -10,9 +10,8 @@ from conftest import cli, run_cli
 
 from raybench.data import load_dataset
 from raybench.sweep.authoring import describe, draw
-from raybench.sweep.runner import sweep_space
 from raybench.sweep.sampling import SAMPLERS, draw_configs, optuna_distribution
-from raybench.sweep.space import load_space
+from raybench.sweep.space import load_space, sweep_space
 
 
 @pytest.fixture(scope="module")

@@ -31,9 +31,8 @@ from typing import Any
 from raybench.data import DATASETS
 from raybench.paths import NAME_RULE, name_problem, safe_name
 from raybench.settings import MAX_SEED, number_text
-from raybench.sweep.runner import OWN_FLAGS
 from raybench.sweep.selection import SELECTIONS
-from raybench.sweep.space import YamlFileError, is_file, load_space, no_unknown_keys, read_yaml, resolve_path
+from raybench.sweep.space import OWN_FLAGS, YamlFileError, is_file, load_space, no_unknown_keys, read_yaml, resolve_path
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"name", "description", "selection", "seed", "trials", "replicates", "executor", "smoke",
@@ -334,15 +333,14 @@ def bind_pairs(benchmark: Benchmark) -> list[Binding]:
 
 def _bind(benchmark: Benchmark, pair: Pair, dataset: Any) -> None:
     """The pair's dry run: the search space on the dataset, the sweep's fixed settings, one full trial config."""
-    from raybench.sweep.runner import SMOKE_FIXED, _midpoints, command_line_overrides, sweep_space
-    from raybench.sweep.space import SpaceError
+    from raybench.sweep.space import SMOKE_FIXED, SpaceError, command_line_overrides, midpoints, sweep_space
 
     overrides = command_line_overrides(benchmark.smoke, pair.fixed)
     try:
         resolved = sweep_space(load_space(str(pair.space_path)), dataset, overrides)
         metric = SELECTIONS.get(benchmark.selection).metric(dataset)
         resolved.fixed.update({"selection_metric": metric, "seed": benchmark.seed, **overrides})
-        TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)
+        TrainConfig.from_flat(resolved.materialize(midpoints(resolved))).resolve(dataset)
     except SpaceError as err:
         raise PairError(benchmark.path, pair, "its space", str(err)) from None
     except ConfigError as err:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,16 @@ from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInte
 from raybench.sweep.importance import Importances, importances
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
-from raybench.sweep.space import Param, ResolvedSpace, SearchSpace, load_space
+from raybench.sweep.space import (
+    OWN_FLAGS,
+    Param,
+    ResolvedSpace,
+    SearchSpace,
+    command_line_overrides,
+    load_space,
+    midpoints,
+    sweep_space,
+)
 from raybench.tracking import (
     LOCK_TAG,
     PROCESS_STATS,
@@ -53,13 +61,6 @@ from raybench.tracking import (
     read_summary,
     redact_uri,
 )
-
-SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
-# Trainer settings a sweep decides through its own flags: a --set would train one thing under another's label.
-OWN_FLAGS = {"dataset": "--dataset", "algorithm": "the search space's `algorithm:` (another space file)",
-             "selection_metric": "--selection (ood_val, id_val, oracle)", "seed": "--seed (the search's seed; "
-             "replicate seeds derive from the selected trial)", "stage_cache": "--storage"}
-
 
 STAGE_TITLES = {"search": "search", "replicate": "replicates"}
 
@@ -124,21 +125,6 @@ class Prepared:
     report: dict[str, Any]  # what result tables call the splits and which cells a comparison shows
 
 
-def command_line_overrides(smoke: bool, extra_fixed: Mapping[str, Any]) -> dict[str, Any]:
-    """--smoke's presets, then --set: the user named the value, so it wins."""
-    return {**(SMOKE_FIXED if smoke else {}), **extra_fixed}
-
-
-def sweep_space(space: SearchSpace, dataset: ShiftDataset, overrides: Mapping[str, Any]) -> ResolvedSpace:
-    """The space a sweep searches: the dataset's version of it, less what the command line fixed (a value set
-    there wins over the space's search and derivation). `raybench space draw` draws from exactly this."""
-    resolved = space.for_dataset(dataset)
-    for name in overrides:
-        resolved.search.pop(name, None)
-        resolved.derived.pop(name, None)
-    return resolved
-
-
 def dataset_for_trials(options: SweepOptions, space: SearchSpace) -> ShiftDataset:
     """The dataset the trials will read: `data_dir` and `data_seed` from --set, else the space's fixed values, as
     TrainConfig resolves them. The driver binds the space to this one, so a sweep on a WILDS root given only by
@@ -174,7 +160,7 @@ def prepare(options: SweepOptions) -> Prepared:
                            **overrides})
     from raybench.trainer import TrainConfig
 
-    dry_run = TrainConfig.from_flat(resolved.materialize(_midpoints(resolved))).resolve(dataset)  # one full config
+    dry_run = TrainConfig.from_flat(resolved.materialize(midpoints(resolved))).resolve(dataset)  # one full config
     dry_run.check_model_builds(dataset)
     if options.scheduler == "asha" and options.grace_period >= dry_run.epochs:
         raise OptionError(f"--grace-period: a trial runs {dry_run.epochs} epoch(s), so ASHA can only stop it with a grace "
@@ -366,10 +352,6 @@ def _param_text(param: Param) -> str:
     if param.values:
         return f"{param.distribution}({', '.join(map(str, param.values))})"
     return f"{param.distribution}[{param.low}, {param.high}]"
-
-
-def _midpoints(space: ResolvedSpace) -> dict[str, Any]:
-    return {n: p.values[0] if p.values else (p.low + p.high) / 2 for n, p in space.search.items()}
 
 
 def run_sweep(prepared: Prepared) -> SweepSummary:

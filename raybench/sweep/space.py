@@ -428,3 +428,33 @@ def _parse_derived(name: str, spec: Any, path: Path, key: str, algorithm: str) -
     if factor <= 0:
         raise SpaceError(path, f"{key}.factor", factor, "a positive number")
     return Derived(name, spec["rule"], factor)
+
+
+# ----- what a sweep's command line does to a space (here, not in the runner: `space show`/`draw` and the
+# benchmark file's checks use them without importing the runner and MLflow) -----
+SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
+# Trainer settings a sweep decides through its own flags: a --set would train one thing under another's label.
+OWN_FLAGS = {"dataset": "--dataset", "algorithm": "the search space's `algorithm:` (another space file)",
+             "selection_metric": "--selection (ood_val, id_val, oracle)", "seed": "--seed (the search's seed; "
+             "replicate seeds derive from the selected trial)", "stage_cache": "--storage"}
+
+
+def command_line_overrides(smoke: bool, extra_fixed: Mapping[str, Any]) -> dict[str, Any]:
+    """--smoke's presets, then --set: the user named the value, so it wins."""
+    return {**(SMOKE_FIXED if smoke else {}), **extra_fixed}
+
+
+def sweep_space(space: SearchSpace, dataset: ShiftDataset, overrides: Mapping[str, Any]) -> ResolvedSpace:
+    """The space a sweep searches: the dataset's version of it, less what the command line fixed (a value set
+    there wins over the space's search and derivation). `raybench space draw` draws from exactly this."""
+    resolved = space.for_dataset(dataset)
+    for name in overrides:
+        resolved.search.pop(name, None)
+        resolved.derived.pop(name, None)
+    return resolved
+
+
+def midpoints(space: ResolvedSpace) -> dict[str, Any]:
+    """One config inside the space (each range's middle, each choice's first value): what a sweep dry-runs
+    through TrainConfig before any cluster work, so a bad combination is refused at once."""
+    return {n: p.values[0] if p.values else (p.low + p.high) / 2 for n, p in space.search.items()}
