@@ -692,10 +692,18 @@ def _scheduler(spec: RunSpec) -> TrialScheduler | None:
     return CooperativeASHA(spec.early_stopping, spec.stop_requests) if spec.early_stopping else None
 
 
-def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.Tuner], resume: bool) -> tune.ResultGrid:
-    """Fit a new or restored experiment. Tune turns a Ctrl-C into a normal return (the caller tells an
-    interrupted stage by its unfinished runs) and leaves its own SIGINT handler installed when no signal
-    came: the caller's handler is put back, so a Ctrl-C between stages is not swallowed."""
+@dataclass(frozen=True)
+class StageResult:
+    """A stage's Tune experiment as it ended: Tune's results, and whether a stop signal ended it."""
+
+    grid: tune.ResultGrid
+    signalled: bool  # Tune caught a stop signal (SIGINT, or a SIGTERM the CLI turned into one) during fit
+
+
+def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.Tuner], resume: bool) -> StageResult:
+    """Fit a new or restored experiment. Tune turns a Ctrl-C into a normal return and leaves its own SIGINT
+    handler installed when no signal came: whose handler is installed after fit tells whether one came, and the
+    caller's is put back either way, so a Ctrl-C between stages is not swallowed."""
     path = str(spec.storage / spec.name)
     if resume and tune.Tuner.can_restore(path, storage_filesystem=atomic_local_filesystem()):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
@@ -706,6 +714,7 @@ def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.
     handler = signal.getsignal(signal.SIGINT)
     try:
         grid = tuner.fit()
+        signalled = tune_caught_a_signal(handler)
     except Exception as err:
         full = FULL_STORAGE.pop(str(spec.storage), None)
         if full is not None:  # Tune tripped over what the full folder did to it
@@ -716,10 +725,22 @@ def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.
     full = FULL_STORAGE.pop(str(spec.storage), None)
     if full is not None:  # StorageWatch stopped the experiment: its unfinished trials resume from their checkpoints
         raise full
-    return grid
+    return StageResult(grid, signalled)
 
 
-def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, seed: int, resume: bool) -> tune.ResultGrid:
+def tune_caught_a_signal(handler_before_fit: Any) -> bool:
+    """Whether Tune's fit was ended by a stop signal. Tune installs its own SIGINT handler for the fit and
+    puts back the one it found only when that handler runs (ray/tune/tune.py, `_setup_signal_catching`); with
+    TUNE_DISABLE_SIGINT_HANDLER it installs none, and a Ctrl-C is a KeyboardInterrupt instead of a return.
+
+    Trials alone cannot tell: a trial whose actor Tune had just started when the signal came is ended by
+    Tune's clean-up as terminated or errored, without a report or a completed record."""
+    if int(os.getenv("TUNE_DISABLE_SIGINT_HANDLER", "0")):
+        return False
+    return signal.getsignal(signal.SIGINT) is handler_before_fit
+
+
+def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, seed: int, resume: bool) -> StageResult:
     """Random (or TPE) search with Optuna through Tune's OptunaSearch; trials select on `selection/best`.
     A space whose every searched setting was fixed (`--set`) has one config: it runs once, unsearched."""
     trainable = make_trainable(space, spec)
@@ -742,7 +763,7 @@ def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, s
 
 
 def run_replicates(space: ResolvedSpace, spec: RunSpec, sampled: dict[str, Any], seeds: list[int],
-                   resume: bool) -> tune.ResultGrid:
+                   resume: bool) -> StageResult:
     """The selected sampled config once per seed, each seed its own trial."""
     trainable = make_trainable(space, spec)
 
@@ -1019,10 +1040,11 @@ def _with_record(reported: dict[str, Any], record: dict[str, Any] | None) -> dic
     return {**record, **reported, **{k: v for k, v in record.items() if k.startswith(TIME_PREFIX)}}
 
 
-def cut_short(grid: tune.ResultGrid) -> bool:
-    """Tune ended its loop with trials it had not finished: a signal (Ctrl-C, SIGTERM) stopped the stage, even
-    when every run it started wrote its completed record before `collect` looked."""
-    return grid.num_terminated + grid.num_errors < len(grid)
+def cut_short(stage: StageResult) -> bool:
+    """A signal (Ctrl-C, SIGTERM) stopped the stage, or Tune ended its loop with trials it had not finished:
+    interrupted, even when every run it started wrote its completed record before `collect` looked."""
+    grid = stage.grid
+    return stage.signalled or grid.num_terminated + grid.num_errors < len(grid)
 
 
 def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[TrialRecord]:

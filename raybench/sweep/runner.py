@@ -427,10 +427,10 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
 
     asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
     search = spec("search", opts.trials if prepared.space.search else 1, early_stopping=asha)
-    grid = backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume)
+    stage = backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume)
     TrialRunWriter.drain_all()  # every run of the stage in the store before anything reads them
-    trials = backend.collect(grid, prepared.space, search)
-    _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started, backend.cut_short(grid))
+    trials = backend.collect(stage.grid, prepared.space, search)
+    _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started, backend.cut_short(stage))
     selected = tables.select_best(trials)
     replicates: list[TrialRecord] = []
     seeds: list[int] = []
@@ -440,10 +440,10 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
                  f"{prepared.selection_metric} {selected.selection_value:.4f}), elapsed {duration(time.time() - started)}")
         # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
         replicate = spec("replicate", len(seeds), f"-{selected.trial_id}")
-        grid = backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume)
+        stage = backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume)
         TrialRunWriter.drain_all()
-        replicates = backend.collect(grid, prepared.space, replicate)
-        _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, backend.cut_short(grid),
+        replicates = backend.collect(stage.grid, prepared.space, replicate)
+        _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, backend.cut_short(stage),
                               trials, selected, seeds)
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
     summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
