@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import re
 import shlex
 import signal
 import sys
@@ -17,9 +15,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from raybench.flag_types import (
+    assignment,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    resource_request,
+    seed_int,
+)
 from raybench.records import PairState, SweepSummary
 from raybench.registry import Registry, UnknownNameError
-from raybench.settings import MAX_COUNT, MAX_MAGNITUDE, MAX_SEED, number_text
 
 
 class UsageError(Exception):
@@ -27,57 +33,11 @@ class UsageError(Exception):
 
 
 def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set: expected key=value, got {pair!r}")
-        values[key.strip()] = value.strip()
-    return values
-
-
-def bounded(kind: type, minimum: float, maximum: float, strict: bool = False) -> Callable[[str], Any]:
-    """An argparse type: `kind` (int or float) at least `minimum` (greater, if `strict`) and at most `maximum`,
-    named in errors. Every flag has both ends: a value past any real use (1e20 trials, a 1e300-second wait)
-    would otherwise fail only after Ray started."""
-    noun = "an integer" if kind is int else "a finite number"
-    expected = f"expected {noun} {'>' if strict else '>='} {minimum:g}"
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
-        if (kind is float and not math.isfinite(value)) or value < minimum or (strict and value == minimum):
-            raise argparse.ArgumentTypeError(f"{expected}, got {value}")
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"{expected}, at most {number_text(maximum)}, got {value}")
-        return value
-
-    return parse
-
-
-positive_int = bounded(int, 1, MAX_COUNT)  # trials, epochs, workers, grace periods
-non_negative_int = bounded(int, 0, MAX_COUNT)  # replicates
-seed_int = bounded(int, 0, MAX_SEED)  # as the trainer's `seed`: numpy's seeds are 32-bit
-non_negative_float = bounded(float, 0, MAX_MAGNITUDE)  # GPUs per worker
-positive_float = bounded(float, 0, MAX_MAGNITUDE, strict=True)  # CPUs, resource amounts, factors, seconds
-
-# Resources Ray or raybench already asks for by their own flags or for the trial drivers.
-RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "trial_driver")
-RESOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}")
-
-
-def resource_request(text: str) -> tuple[str, float]:
-    """An argparse type: NAME=AMOUNT, a custom Ray resource every trial worker asks for."""
-    name, sep, amount = text.partition("=")
-    if not sep or not RESOURCE_NAME.fullmatch(name.strip()):
-        raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT, a custom resource such as raybench_worker=1, got {text!r}")
-    name = name.strip()
-    if name in RESERVED_RESOURCES:
-        raise argparse.ArgumentTypeError(f"{name} is not a custom resource (use --cpus-per-worker/--gpus-per-worker); "
-                                         f"got {text!r}")
-    return name, positive_float(amount.strip())
+    """`--set KEY=VALUE` words as a dict (the last value per key wins); a word without `=` is a UsageError."""
+    try:
+        return dict(assignment(pair) for pair in pairs)
+    except ValueError as err:
+        raise UsageError(f"--set: {err}") from None
 
 
 # ----- raybench list ----------------------------------------------------------------------------
