@@ -15,17 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from raybench.flag_types import (
-    assignment,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    resource_request,
-    seed_int,
-)
+from raybench.flag_types import assignment, positive_float, positive_int, seed_int
 from raybench.records import PairState, SweepSummary
 from raybench.registry import Registry, UnknownNameError
+from raybench.sweep import options as sweep_options
 
 
 class UsageError(Exception):
@@ -276,7 +269,7 @@ class _Signals:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from raybench.paths import StorageFull
     from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
-    from raybench.sweep.runner import SweepOptions, prepare, run_sweep
+    from raybench.sweep.runner import prepare, run_sweep
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError, redact_uri
     from raybench.trainer import ConfigError
@@ -284,17 +277,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.address:
         _probe_cluster(args.address)  # before prepare() writes the storage folder or the tracking store
     resume = resume_command(args.argv)
-    options = SweepOptions(
-        space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates, seed=args.seed,
-        sampler=args.sampler, max_concurrent=args.max_concurrent, workers_per_trial=args.workers_per_trial,
-        cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
-        worker_resources=tuple(dict(args.worker_resource).items()),
-        trial_resources=tuple(dict(args.trial_resource).items()), address=args.address,
-        tracking_uri=args.tracking_uri, storage=args.storage, name=args.name, smoke=args.smoke, resume=args.resume,
-        executor=args.executor, selection=args.selection, autoscaling=args.autoscaling, resume_command=resume,
-        scheduler=args.scheduler, grace_period=args.grace_period, reduction_factor=args.reduction_factor,
-        extra_fixed=parse_assignments(args.set), parent_run=args.parent_run,
-    )
+    try:
+        options = sweep_options.from_namespace(args, resume_command=resume)
+    except OptionError as err:  # a --set word that is no KEY=VALUE
+        raise UsageError(str(err)) from None
     with _Signals() as signals:
         try:
             prepared = prepare(options)
@@ -680,43 +666,7 @@ def add_data_parser(sub: Any) -> None:
 
 def add_sweep_parser(sub: Any) -> None:
     p = sub.add_parser("sweep", help="random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)")
-    p.add_argument("space", help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
-    p.add_argument("--dataset", default="digits-shift")
-    p.add_argument("--trials", type=positive_int, help="random configs to try (default 10; 2 with --smoke)")
-    p.add_argument("--replicates", type=non_negative_int,
-                   help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, else 3; 2 with --smoke)")
-    p.add_argument("--seed", type=seed_int, default=0, help="the search's seed (Optuna sampler)")
-    p.add_argument("--sampler", choices=["random", "tpe"], default="random")
-    p.add_argument("--max-concurrent", type=positive_int, default=2)
-    p.add_argument("--workers-per-trial", type=positive_int, default=1)
-    p.add_argument("--cpus-per-worker", type=positive_float, default=1.0)
-    p.add_argument("--gpus-per-worker", type=non_negative_float, default=0.0)
-    p.add_argument("--worker-resource", type=resource_request, action="append", default=[], metavar="NAME=AMOUNT",
-                   help="a custom Ray resource every trial worker asks for, e.g. raybench_worker=1 to run trials only "
-                        "on the worker nodes of cluster/local-up.sh (repeatable)")
-    p.add_argument("--trial-resource", type=resource_request, action="append", default=[], metavar="NAME=AMOUNT",
-                   help="a custom Ray resource each trial holds once while it runs, whatever its workers: "
-                        "`raybench benchmark` passes raybench_slot=1, its trial queue (repeatable)")
-    p.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
-    p.add_argument("--storage", default="runs", help="Tune storage folder (shared storage on a multi-node cluster)")
-    p.add_argument("--name", help="sweep name; default: SPACE-DATASET-seedSEED")
-    p.add_argument("--smoke", action="store_true", help="a few steps per trial (and by default 2 trials, 2 replicates)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
-    p.add_argument("--autoscaling", action="store_true",
-                   help="the cluster adds nodes on demand: accept resource requests no current node can satisfy")
-    p.add_argument("--executor", choices=["train", "function"], default="train",
-                   help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, single worker")
-    p.add_argument("--selection", choices=["ood_val", "id_val", "oracle"], default="ood_val")
-    p.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
-                   help="fifo: every trial runs all its epochs; asha: stop trials early on the selection metric "
-                        "(each still selected on its best epoch so far)")
-    p.add_argument("--grace-period", type=positive_int, default=1, help="asha: epochs before a trial can be stopped")
-    p.add_argument("--reduction-factor", type=positive_float, default=3.0,
-                   help="asha: at each rung keep the top 1/FACTOR of trials (> 1)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a trainer setting for every trial")
-    p.add_argument("--parent-run", metavar="RUN_ID", help="nest the sweep's MLflow run under this run (a benchmark "
-                                                          "passes its own)")
+    sweep_options.add_arguments(p)  # every flag as SweepOptions declares it
     p.set_defaults(run=cmd_sweep)
 
     r = sub.add_parser("results", help="read a finished sweep back from MLflow")
