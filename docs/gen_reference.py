@@ -164,7 +164,8 @@ def cli_page() -> str:
     parser = build_parser()
     lines = [GENERATED_NOTE, "", "# Command-line reference", "",
              (f"Every `raybench` command and its arguments, read from the argparse declarations in "
-             f"`raybench/cli.py` when these pages are built. {cell(parser.description or '')} Any bad argument "
+             f"`raybench/cli.py` (`raybench sweep`'s from `raybench/sweep/options.py`) when these pages are built. "
+             f"{cell(parser.description or '')} Any bad argument "
              f"ends in one line `raybench: error: ...` and exit status 2, before any cluster work starts."), ""]
     children = list(subcommands(parser))
     lines += table(("command", "what it does"), [(f"[`raybench {name}`](#raybench-{name})", cell(h))

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import re
 import shlex
 import signal
 import sys
@@ -17,9 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from raybench.flag_types import assignment, positive_float, positive_int, seed_int
 from raybench.records import PairState, SweepSummary
 from raybench.registry import Registry, UnknownNameError
-from raybench.settings import MAX_COUNT, MAX_MAGNITUDE, MAX_SEED, number_text
+from raybench.sweep import options as sweep_options
 
 
 class UsageError(Exception):
@@ -27,57 +26,11 @@ class UsageError(Exception):
 
 
 def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set: expected key=value, got {pair!r}")
-        values[key.strip()] = value.strip()
-    return values
-
-
-def bounded(kind: type, minimum: float, maximum: float, strict: bool = False) -> Callable[[str], Any]:
-    """An argparse type: `kind` (int or float) at least `minimum` (greater, if `strict`) and at most `maximum`,
-    named in errors. Every flag has both ends: a value past any real use (1e20 trials, a 1e300-second wait)
-    would otherwise fail only after Ray started."""
-    noun = "an integer" if kind is int else "a finite number"
-    expected = f"expected {noun} {'>' if strict else '>='} {minimum:g}"
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
-        if (kind is float and not math.isfinite(value)) or value < minimum or (strict and value == minimum):
-            raise argparse.ArgumentTypeError(f"{expected}, got {value}")
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"{expected}, at most {number_text(maximum)}, got {value}")
-        return value
-
-    return parse
-
-
-positive_int = bounded(int, 1, MAX_COUNT)  # trials, epochs, workers, grace periods
-non_negative_int = bounded(int, 0, MAX_COUNT)  # replicates
-seed_int = bounded(int, 0, MAX_SEED)  # as the trainer's `seed`: numpy's seeds are 32-bit
-non_negative_float = bounded(float, 0, MAX_MAGNITUDE)  # GPUs per worker
-positive_float = bounded(float, 0, MAX_MAGNITUDE, strict=True)  # CPUs, resource amounts, factors, seconds
-
-# Resources Ray or raybench already asks for by their own flags or for the trial drivers.
-RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "trial_driver")
-RESOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}")
-
-
-def resource_request(text: str) -> tuple[str, float]:
-    """An argparse type: NAME=AMOUNT, a custom Ray resource every trial worker asks for."""
-    name, sep, amount = text.partition("=")
-    if not sep or not RESOURCE_NAME.fullmatch(name.strip()):
-        raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT, a custom resource such as raybench_worker=1, got {text!r}")
-    name = name.strip()
-    if name in RESERVED_RESOURCES:
-        raise argparse.ArgumentTypeError(f"{name} is not a custom resource (use --cpus-per-worker/--gpus-per-worker); "
-                                         f"got {text!r}")
-    return name, positive_float(amount.strip())
+    """`--set KEY=VALUE` words as a dict (the last value per key wins); a word without `=` is a UsageError."""
+    try:
+        return dict(assignment(pair) for pair in pairs)
+    except ValueError as err:
+        raise UsageError(f"--set: {err}") from None
 
 
 # ----- raybench list ----------------------------------------------------------------------------
@@ -316,7 +269,7 @@ class _Signals:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from raybench.paths import StorageFull
     from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
-    from raybench.sweep.runner import SweepOptions, prepare, run_sweep
+    from raybench.sweep.runner import prepare, run_sweep
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError, redact_uri
     from raybench.trainer import ConfigError
@@ -324,17 +277,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.address:
         _probe_cluster(args.address)  # before prepare() writes the storage folder or the tracking store
     resume = resume_command(args.argv)
-    options = SweepOptions(
-        space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates, seed=args.seed,
-        sampler=args.sampler, max_concurrent=args.max_concurrent, workers_per_trial=args.workers_per_trial,
-        cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
-        worker_resources=tuple(dict(args.worker_resource).items()),
-        trial_resources=tuple(dict(args.trial_resource).items()), address=args.address,
-        tracking_uri=args.tracking_uri, storage=args.storage, name=args.name, smoke=args.smoke, resume=args.resume,
-        executor=args.executor, selection=args.selection, autoscaling=args.autoscaling, resume_command=resume,
-        scheduler=args.scheduler, grace_period=args.grace_period, reduction_factor=args.reduction_factor,
-        extra_fixed=parse_assignments(args.set), parent_run=args.parent_run,
-    )
+    try:
+        options = sweep_options.from_namespace(args, resume_command=resume)
+    except OptionError as err:  # a --set word that is no KEY=VALUE
+        raise UsageError(str(err)) from None
     with _Signals() as signals:
         try:
             prepared = prepare(options)
@@ -720,43 +666,7 @@ def add_data_parser(sub: Any) -> None:
 
 def add_sweep_parser(sub: Any) -> None:
     p = sub.add_parser("sweep", help="random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)")
-    p.add_argument("space", help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
-    p.add_argument("--dataset", default="digits-shift")
-    p.add_argument("--trials", type=positive_int, help="random configs to try (default 10; 2 with --smoke)")
-    p.add_argument("--replicates", type=non_negative_int,
-                   help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, else 3; 2 with --smoke)")
-    p.add_argument("--seed", type=seed_int, default=0, help="the search's seed (Optuna sampler)")
-    p.add_argument("--sampler", choices=["random", "tpe"], default="random")
-    p.add_argument("--max-concurrent", type=positive_int, default=2)
-    p.add_argument("--workers-per-trial", type=positive_int, default=1)
-    p.add_argument("--cpus-per-worker", type=positive_float, default=1.0)
-    p.add_argument("--gpus-per-worker", type=non_negative_float, default=0.0)
-    p.add_argument("--worker-resource", type=resource_request, action="append", default=[], metavar="NAME=AMOUNT",
-                   help="a custom Ray resource every trial worker asks for, e.g. raybench_worker=1 to run trials only "
-                        "on the worker nodes of cluster/local-up.sh (repeatable)")
-    p.add_argument("--trial-resource", type=resource_request, action="append", default=[], metavar="NAME=AMOUNT",
-                   help="a custom Ray resource each trial holds once while it runs, whatever its workers: "
-                        "`raybench benchmark` passes raybench_slot=1, its trial queue (repeatable)")
-    p.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
-    p.add_argument("--storage", default="runs", help="Tune storage folder (shared storage on a multi-node cluster)")
-    p.add_argument("--name", help="sweep name; default: SPACE-DATASET-seedSEED")
-    p.add_argument("--smoke", action="store_true", help="a few steps per trial (and by default 2 trials, 2 replicates)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
-    p.add_argument("--autoscaling", action="store_true",
-                   help="the cluster adds nodes on demand: accept resource requests no current node can satisfy")
-    p.add_argument("--executor", choices=["train", "function"], default="train",
-                   help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, single worker")
-    p.add_argument("--selection", choices=["ood_val", "id_val", "oracle"], default="ood_val")
-    p.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
-                   help="fifo: every trial runs all its epochs; asha: stop trials early on the selection metric "
-                        "(each still selected on its best epoch so far)")
-    p.add_argument("--grace-period", type=positive_int, default=1, help="asha: epochs before a trial can be stopped")
-    p.add_argument("--reduction-factor", type=positive_float, default=3.0,
-                   help="asha: at each rung keep the top 1/FACTOR of trials (> 1)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a trainer setting for every trial")
-    p.add_argument("--parent-run", metavar="RUN_ID", help="nest the sweep's MLflow run under this run (a benchmark "
-                                                          "passes its own)")
+    sweep_options.add_arguments(p)  # every flag as SweepOptions declares it
     p.set_defaults(run=cmd_sweep)
 
     r = sub.add_parser("results", help="read a finished sweep back from MLflow")

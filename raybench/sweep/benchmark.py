@@ -34,6 +34,7 @@ from raybench.paths import inside, writable_dir_problem, write_atomically
 from raybench.records import PairState, RecordError, SweepState, SweepSummary
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.errors import OptionError, SweepExists
+from raybench.sweep.options import SweepOptions, command_words, setting_word
 from raybench.sweep.progress import duration
 from raybench.sweep.results import write_text_atomically
 
@@ -214,7 +215,7 @@ def grid_record(benchmark: Benchmark) -> dict[str, Any]:
     (by the content of its file), trials, replicates and `set`, as JSON holds them. Left out: the description and
     the scheduling (max_concurrent_trials, sweeps_at_once), which change no result."""
     pairs = {p.sweep: {"dataset": p.dataset, "space": p.space_digest, "trials": p.trials, "replicates": p.replicates,
-                       "set": {k: _cli_value(v) for k, v in sorted(p.fixed.items())}} for p in benchmark.pairs}
+                       "set": {k: setting_word(v) for k, v in sorted(p.fixed.items())}} for p in benchmark.pairs}
     return {"selection": benchmark.selection, "seed": benchmark.seed, "executor": benchmark.executor,
             "smoke": benchmark.smoke, "pairs": pairs}
 
@@ -292,29 +293,31 @@ def _resume_notes(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
 # ----- one pair's sweep process -------------------------------------------------------------------------
 def sweep_command(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, target: SweepTarget,
                   resume: bool) -> list[str]:
-    """The `raybench sweep` this pair is: the command a user would type, joined to the shared cluster."""
-    words = [sys.executable, "-m", "raybench.cli", "sweep", str(pair.space_path), "--dataset", pair.dataset,
-             "--name", pair.sweep, "--storage", str(options.storage), "--tracking-uri", target.tracking_uri,
-             "--address", target.address, "--trials", str(pair.trials), "--seed", str(benchmark.seed),
-             "--selection", benchmark.selection, "--executor", benchmark.executor,
-             *concurrency_words(benchmark, target.queued), "--parent-run", target.parent_run]
-    words += ["--replicates", str(pair.replicates)] if pair.replicates is not None else []
-    words += ["--smoke"] if benchmark.smoke else []
-    for key, value in pair.fixed.items():
-        words += ["--set", f"{key}={_cli_value(value)}"]
-    return words + (["--resume"] if resume else [])
+    """The `raybench sweep` this pair is: the command a user would type, joined to the shared cluster. Its words
+    come from the sweep's declared options, so every option the benchmark decides reaches the sweep; each one is
+    spelled even at its default, so the command in a pair's log says what the benchmark chose."""
+    settings = pair_settings(pair, benchmark, options, target, resume)
+    return [sys.executable, "-m", "raybench.cli", "sweep", *command_words(SweepOptions(**settings), spell=settings)]
 
 
-def concurrency_words(benchmark: Benchmark, queued: bool) -> list[str]:
+def pair_settings(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, target: SweepTarget,
+                  resume: bool) -> dict[str, Any]:
+    """What the benchmark decides of this pair's sweep, by SweepOptions field (every other option keeps the
+    sweep's default): `set` values as the command line spells them, which is what the sweep then reads."""
+    return {"space": str(pair.space_path), "dataset": pair.dataset, "name": pair.sweep,
+            "storage": str(options.storage), "tracking_uri": target.tracking_uri, "address": target.address,
+            "trials": pair.trials, "replicates": pair.replicates, "seed": benchmark.seed,
+            "selection": benchmark.selection, "executor": benchmark.executor, "smoke": benchmark.smoke,
+            "extra_fixed": {key: setting_word(value) for key, value in pair.fixed.items()},
+            "parent_run": target.parent_run, "resume": resume, **concurrency(benchmark, target.queued)}
+
+
+def concurrency(benchmark: Benchmark, queued: bool) -> dict[str, Any]:
     """In the trial queue a sweep may run the whole cap, each trial holding one slot; without it (a cluster at
     --address) a sweep runs its static share."""
     if queued:
-        return ["--max-concurrent", str(benchmark.max_concurrent_trials), "--trial-resource", f"{TRIAL_SLOT}=1"]
-    return ["--max-concurrent", str(benchmark.trials_per_sweep)]
-
-
-def _cli_value(value: Any) -> str:
-    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        return {"max_concurrent": benchmark.max_concurrent_trials, "trial_resources": ((TRIAL_SLOT, 1.0),)}
+    return {"max_concurrent": benchmark.trials_per_sweep}
 
 
 def _parent_death_signal() -> Callable[[], None]:
@@ -608,7 +611,7 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
              f"{', smoke' if benchmark.smoke else ''}"), ""]
     for pair in benchmark.pairs:
         replicates = "the dataset's replicates" if pair.replicates is None else f"{pair.replicates} replicates"
-        fixed = f"; set {', '.join(f'{k}={_cli_value(v)}' for k, v in pair.fixed.items())}" if pair.fixed else ""
+        fixed = f"; set {', '.join(f'{k}={setting_word(v)}' for k, v in pair.fixed.items())}" if pair.fixed else ""
         note = "; not checked here (see below)" if pair.sweep in unchecked else ""
         lines.append(f"  {pair.label:34s} sweep {pair.sweep}: {pair.trials} trials, {replicates}{fixed}{note}")
     if unchecked:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ from raybench.paths import (
     inside,
     lock_busy,
     name_problem,
-    safe_name,
     storage_writes,
     take_lock,
     writable_dir_problem,
@@ -31,6 +30,7 @@ from raybench.records import Replicates, Selection, SweepState, SweepSummary, Tr
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.importance import Importances, importances
+from raybench.sweep.options import SCHEDULERS, SweepOptions  # SweepOptions is imported from here too
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import (
@@ -68,44 +68,6 @@ STAGE_TITLES = {"search": "search", "replicate": "replicates"}
 def announce(line: str) -> None:
     """A progress line on the console, at once (the sweep's own lines; Ray's go to its logs)."""
     print(line, flush=True)
-
-
-SCHEDULERS = ("fifo", "asha")
-
-
-@dataclass
-class SweepOptions:
-    space: str
-    dataset: str = "digits-shift"
-    trials: int | None = None  # None: 10, or 2 with smoke
-    replicates: int | None = None  # None: the dataset's count (3 unless it says), or 2 with smoke
-    seed: int = 0
-    sampler: str = "random"
-    max_concurrent: int = 2
-    workers_per_trial: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    worker_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources each trial worker asks for
-    trial_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources each trial holds once (a queue's slot)
-    address: str | None = None
-    tracking_uri: str | None = None
-    storage: str = "runs"
-    name: str | None = None
-    smoke: bool = False
-    resume: bool = False
-    executor: str = "train"
-    selection: str = "ood_val"
-    max_failures: int = 2
-    autoscaling: bool = False  # the cluster adds nodes on demand: don't refuse what it cannot run yet
-    resume_command: str | None = None  # shown (and tagged) when the sweep is interrupted
-    scheduler: str = "fifo"  # fifo: every trial runs all its epochs; asha: stop unpromising ones early
-    grace_period: int = 1  # asha: epochs every trial runs before it can be stopped
-    reduction_factor: float = 3.0  # asha: keep the top 1/reduction_factor at each rung
-    extra_fixed: dict[str, Any] = field(default_factory=dict)
-    parent_run: str | None = None  # an MLflow run (a benchmark's) to nest the sweep's parent run under
-
-    def sweep_name(self, algorithm: str) -> str:
-        return self.name or safe_name(f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}")
 
 
 @dataclass

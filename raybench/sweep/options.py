@@ -1,0 +1,257 @@
+"""The options of `raybench sweep`, declared once, on the `SweepOptions` field that holds each: the flag that sets
+it, how the flag's word is read, its choices, its help line, whether it repeats.
+
+From these declarations alone come the subcommand's arguments (`add_arguments`), the options a parsed command line
+means (`from_namespace`) and the command line that means given options (`command_words`, which `raybench benchmark`
+runs for each pair): a flag cannot be added to one of them and forgotten in another. A field no flag sets is
+declared `internal`, saying who sets it. raybench.settings declares the trainer's settings the same way.
+
+No torch, Ray or MLflow: the command line builds its parser from this module before any of them loads.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import MISSING, dataclass
+from pathlib import Path
+from typing import Any
+
+from raybench.flag_types import (
+    assignment,
+    non_negative_float,
+    non_negative_int,
+    number_word,
+    positive_float,
+    positive_int,
+    resource_request,
+    seed_int,
+)
+from raybench.paths import safe_name
+from raybench.settings import default_of
+from raybench.sweep.errors import OptionError
+
+METADATA_KEY = "raybench.sweep_option"
+
+SAMPLERS = ("random", "tpe")
+EXECUTORS = ("train", "function")
+SELECTION_RULES = ("ood_val", "id_val", "oracle")  # raybench.sweep.selection's registry, which imports the datasets
+SCHEDULERS = ("fifo", "asha")
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """A repeatable NAME=VALUE flag (`--set lr=0.1 --set epochs=2`): the field keeps one value per name, the last
+    one given winning, as a dict (`mapping`) or as a tuple of (name, value) pairs."""
+
+    spell: Callable[[Any], str]  # a value -> the word after NAME=, one that reads back to the value
+    split: Callable[[Any], tuple[str, Any]] | None = None  # a parsed word -> (name, value); None: argparse's type did
+    mapping: bool = False
+
+    def field_value(self, parsed: list[Any]) -> dict[str, Any] | tuple[tuple[str, Any], ...]:
+        """The field's value from the flag's parsed words; ValueError from `split` for a word that is no pair."""
+        values = dict(self.split(word) if self.split else word for word in parsed)
+        return values if self.mapping else tuple(values.items())
+
+    def words(self, flag: str, value: Any) -> list[str]:
+        """The flag once per pair the field holds."""
+        items = value.items() if isinstance(value, dict) else value
+        return [word for name, item in items for word in (flag, f"{name}={self.spell(item)}")]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a user sets one option: `flag` such as "--max-concurrent" (None: the positional argument, named after
+    its field); `parse`, argparse's type (None: the text as given). A field whose default is a bool is a switch."""
+
+    flag: str | None
+    parse: Callable[[str], Any] | None = None
+    help: str | None = None
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+    repeats: Pairs | None = None
+
+    def dest(self, field: dataclasses.Field) -> str:
+        """Where argparse puts the value: the positional's field name, else the flag's own (--set -> set), as
+        argparse names it, so the parsed namespace reads as it always did."""
+        return field.name if self.flag is None else self.flag.removeprefix("--").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Internal:
+    """A field no flag sets; `why` says who sets it instead, so a reader of SweepOptions sees it is not forgotten."""
+
+    why: str
+
+
+def option(default: Any = MISSING, *, flag: str | None, parse: Callable[[str], Any] | None = None,
+           help: str | None = None, choices: tuple[str, ...] = (), metavar: str | None = None,
+           repeats: Pairs | None = None, default_factory: Any = MISSING) -> Any:
+    """A SweepOptions field that `flag` sets."""
+    return _field(Flag(flag, parse, help, choices, metavar, repeats), default, default_factory)
+
+
+def internal(default: Any, *, why: str) -> Any:
+    """A SweepOptions field that no flag sets."""
+    return _field(Internal(why), default, MISSING)
+
+
+def _field(declared: Flag | Internal, default: Any, default_factory: Any) -> Any:
+    if default_factory is not MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata={METADATA_KEY: declared})
+    return dataclasses.field(default=default, metadata={METADATA_KEY: declared})
+
+
+def setting_word(value: Any) -> str:
+    """A `--set` value as the command line spells it (none, true, false, else its text), so the sweep reads the
+    value the caller meant."""
+    if value is None:
+        return "none"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+RESOURCES = Pairs(spell=number_word)  # resource_request already split NAME=AMOUNT
+SETTINGS = Pairs(spell=setting_word, split=assignment, mapping=True)  # split after parsing: see `assignment`
+
+
+@dataclass
+class SweepOptions:
+    """One sweep as `raybench sweep` takes it, its fields in the order `raybench sweep --help` lists their flags."""
+
+    space: str = option(flag=None, help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
+    dataset: str = option("digits-shift", flag="--dataset")
+    trials: int | None = option(None, flag="--trials", parse=positive_int,  # None: 10, or 2 with smoke
+                                help="random configs to try (default 10; 2 with --smoke)")
+    replicates: int | None = option(None, flag="--replicates", parse=non_negative_int,  # None: the dataset's count
+                                    help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, "
+                                         "else 3; 2 with --smoke)")
+    seed: int = option(0, flag="--seed", parse=seed_int, help="the search's seed (Optuna sampler)")
+    sampler: str = option("random", flag="--sampler", choices=SAMPLERS)
+    max_concurrent: int = option(2, flag="--max-concurrent", parse=positive_int)
+    workers_per_trial: int = option(1, flag="--workers-per-trial", parse=positive_int)
+    cpus_per_worker: float = option(1.0, flag="--cpus-per-worker", parse=positive_float)
+    gpus_per_worker: float = option(0.0, flag="--gpus-per-worker", parse=non_negative_float)
+    worker_resources: tuple[tuple[str, float], ...] = option(
+        (), flag="--worker-resource", parse=resource_request, repeats=RESOURCES, metavar="NAME=AMOUNT",
+        help="a custom Ray resource every trial worker asks for, e.g. raybench_worker=1 to run trials only on the "
+             "worker nodes of cluster/local-up.sh (repeatable)")
+    trial_resources: tuple[tuple[str, float], ...] = option(
+        (), flag="--trial-resource", parse=resource_request, repeats=RESOURCES, metavar="NAME=AMOUNT",
+        help="a custom Ray resource each trial holds once while it runs, whatever its workers: `raybench benchmark` "
+             "passes raybench_slot=1, its trial queue (repeatable)")
+    address: str | None = option(None, flag="--address", help="Ray cluster address ('auto' inside a submitted job); "
+                                                              "default: a private local Ray")
+    tracking_uri: str | None = option(None, flag="--tracking-uri", help="MLflow tracking URI; default: "
+                                                                        "sqlite:///mlflow.db in the working directory")
+    storage: str = option("runs", flag="--storage", help="Tune storage folder (shared storage on a multi-node cluster)")
+    name: str | None = option(None, flag="--name", help="sweep name; default: SPACE-DATASET-seedSEED")
+    smoke: bool = option(False, flag="--smoke", help="a few steps per trial (and by default 2 trials, 2 replicates)")
+    resume: bool = option(False, flag="--resume", help="continue an interrupted sweep of the same name")
+    autoscaling: bool = option(False, flag="--autoscaling", help="the cluster adds nodes on demand: accept resource "
+                                                                 "requests no current node can satisfy")
+    executor: str = option("train", flag="--executor", choices=EXECUTORS,
+                           help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, "
+                                "single worker")
+    selection: str = option("ood_val", flag="--selection", choices=SELECTION_RULES)
+    scheduler: str = option("fifo", flag="--scheduler", choices=SCHEDULERS,
+                            help="fifo: every trial runs all its epochs; asha: stop trials early on the selection "
+                                 "metric (each still selected on its best epoch so far)")
+    grace_period: int = option(1, flag="--grace-period", parse=positive_int,
+                               help="asha: epochs before a trial can be stopped")
+    reduction_factor: float = option(3.0, flag="--reduction-factor", parse=positive_float,
+                                     help="asha: at each rung keep the top 1/FACTOR of trials (> 1)")
+    extra_fixed: dict[str, Any] = option(  # noqa: RUF009  option() is dataclasses.field, with a default_factory
+        flag="--set", default_factory=dict, repeats=SETTINGS, metavar="KEY=VALUE",
+        help="fix a trainer setting for every trial")
+    parent_run: str | None = option(None, flag="--parent-run", metavar="RUN_ID",
+                                    help="nest the sweep's MLflow run under this run (a benchmark passes its own)")
+    max_failures: int = internal(2, why="a fixed policy: how often Ray restarts a trial whose worker failed")
+    resume_command: str | None = internal(None, why="the CLI, from its own argv: the command shown (and tagged) "
+                                                    "when the sweep is interrupted")
+
+    def sweep_name(self, algorithm: str) -> str:
+        return self.name or safe_name(f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}")
+
+
+def declaration(field: dataclasses.Field) -> Flag | Internal | None:
+    """What a SweepOptions field declares: the flag that sets it, that it is internal, or None (undeclared)."""
+    return field.metadata.get(METADATA_KEY)
+
+
+def flagged() -> Iterator[tuple[dataclasses.Field, Flag]]:
+    """Every field a flag sets, with its flag, in declaration order (the order `--help` lists them)."""
+    for field in dataclasses.fields(SweepOptions):
+        declared = declaration(field)
+        if isinstance(declared, Flag):
+            yield field, declared
+
+
+def internal_names() -> list[str]:
+    """The fields no flag sets."""
+    return [f.name for f in dataclasses.fields(SweepOptions) if isinstance(declaration(f), Internal)]
+
+
+# ----- the command line from the declarations --------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag of `raybench sweep` on `parser`, in declaration order."""
+    for field, flag in flagged():
+        if flag.flag is None:
+            parser.add_argument(field.name, help=flag.help)
+        else:
+            parser.add_argument(flag.flag, dest=flag.dest(field), help=flag.help, **_reading(field, flag))
+
+
+def _reading(field: dataclasses.Field, flag: Flag) -> dict[str, Any]:
+    """How argparse reads the flag: a switch, a repeated word collected in a list, or one value (the field's
+    default when absent)."""
+    default = default_of(field)
+    if isinstance(default, bool):
+        return {"action": "store_true"}
+    given = {"type": flag.parse, "metavar": flag.metavar}
+    if flag.repeats is not None:
+        return {**given, "action": "append", "default": []}
+    return {**given, "default": default, "choices": flag.choices or None}
+
+
+def from_namespace(args: argparse.Namespace, **internal: Any) -> SweepOptions:
+    """The options a parsed `raybench sweep` command line means, in one call; `internal` gives the fields no flag
+    sets (the CLI's resume_command). A repeated NAME=VALUE word that is no pair (`--set lr`) raises OptionError
+    naming its flag."""
+    stray = sorted(set(internal) - set(internal_names()))
+    if stray:
+        raise TypeError(f"from_namespace: {stray[0]!r} is set by a flag, not given as internal")
+    return SweepOptions(**{field.name: _field_value(flag, getattr(args, flag.dest(field))) for field, flag in flagged()},
+                        **internal)
+
+
+def _field_value(flag: Flag, parsed: Any) -> Any:
+    if flag.repeats is None:
+        return parsed
+    try:
+        return flag.repeats.field_value(parsed)
+    except ValueError as err:
+        raise OptionError(f"{flag.flag}: {err}") from None
+
+
+def command_words(options: SweepOptions, spell: Collection[str] = ()) -> list[str]:
+    """The `raybench sweep` arguments that parse back to `options` (internal fields aside: the sweep sets them):
+    each flag whose value is not its default, and each field named in `spell` even at its default, so a command
+    that a log shows names what its caller decided. A switch that is off and a value of None have no words."""
+    words: list[str] = []
+    for field, flag in flagged():
+        value = getattr(options, field.name)
+        if field.name in spell or value != default_of(field):
+            words += _words(flag, value)
+    return words
+
+
+def _words(flag: Flag, value: Any) -> list[str]:
+    if flag.flag is None:
+        return [str(value)]
+    if value is None or value is False:
+        return []
+    if value is True:
+        return [flag.flag]
+    if flag.repeats is not None:
+        return flag.repeats.words(flag.flag, value)
+    return [flag.flag, number_word(value) if isinstance(value, float) else str(value)]
