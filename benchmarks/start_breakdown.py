@@ -1,0 +1,163 @@
+"""Where a sweep's fixed start and end go: one smoke sweep of one function trial, run as a whole process as a user
+runs `raybench sweep`, its time split into the phases issue #24 names, medians over several runs.
+
+Each run is a fresh interpreter (`--one`) that records, by the wall clock:
+
+- the interpreter's start and `import raybench.cli` (what every command pays);
+- the driver's heavy imports: the sweep runner, its Ray backend and tracking (torch, Ray, Tune, MLflow);
+- `prepare`: the space, the dataset and a dry-run config, checked before any cluster work;
+- the tracking set-up: the MLflow client and store (`SweepTracker`), then the sweep's parent run;
+- Ray's start: `ray_backend.connect`, a private local Ray (GCS, raylet, dashboard agent);
+- Tune, from the search's start to the first trial's process starting (its actor), read from the trial's
+  completed record (`time/trainer_started_at` less `time/startup_s`);
+- the first trial's own start: its process's imports, the data and the model, until its trainer started;
+- the training itself (not start-up; reported for scale);
+- from the last report to the search's return (the trial's teardown, Tune's end, the writer's drain);
+- the sweep's record: summary, tables, plots (matplotlib), artifacts;
+- Ray's shutdown, and whatever is left until the process exits.
+
+The store is a fresh SQLite file per run, so MLflow's schema migrations are in the tracking set-up, as on a
+user's first sweep. Nothing here changes what a sweep does: the phases are read from wrappers around the
+runner's own calls.
+
+    .venv/bin/python benchmarks/start_breakdown.py [--runs 3] [--store new|seeded]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PHASES = ("interpreter and CLI import", "driver imports (torch, Ray, MLflow)", "prepare (space, dataset, dry run)",
+          "tracking client and store", "Ray start (private local)", "parent run", "Tune until the trial's process",
+          "trial start (imports, data, model)", "training (not start-up)", "last report to the search's return",
+          "record (summary, plots, artifacts)", "Ray shutdown", "rest until exit")
+START_PHASES = PHASES[:8]  # the sweep's start: everything before its first trainer started
+
+
+def timed(owner: Any, name: str, marks: dict[str, list[float]]) -> None:
+    """Replace owner.name by a wrapper that appends its (start, end) wall-clock times to marks[name]."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            marks.setdefault(name, []).extend((start, time.time()))
+
+    setattr(owner, name, wrapper)
+
+
+def one_sweep(root: Path) -> None:
+    """Run one sweep in this process with wrappers on its phases; print the marks as one JSON line."""
+    import psutil
+
+    born = psutil.Process().create_time()
+    import raybench.cli as cli
+
+    cli_imported = time.time()
+    from raybench import tracking
+    from raybench.sweep import ray_backend, runner
+
+    heavy_imported = time.time()
+    marks: dict[str, list[float]] = {}
+    for owner, name in ((runner, "prepare"), (ray_backend, "connect"), (ray_backend, "run_search"),
+                        (runner, "_record"), (ray_backend, "shutdown"), (tracking.SweepTracker, "__init__"),
+                        (tracking.SweepTracker, "start_sweep")):
+        timed(owner, name, marks)
+    code = cli.main(["sweep", "erm", "--smoke", "--executor", "function", "--trials", "1", "--replicates", "0",
+                     "--name", "start", "--storage", str(root / "runs"), "--tracking-uri", f"sqlite:///{root}/mlflow.db"])
+    ended = time.time()
+    (record,) = [json.loads(p.read_text()) for p in (root / "runs").glob("start-search/completed/*.json")]
+    print(json.dumps({"code": code, "born": born, "cli": cli_imported, "heavy": heavy_imported, "end": ended,
+                      "marks": marks, "trainer_started": record["time/trainer_started_at"],
+                      "startup": record["time/startup_s"], "reported": record["time/reported_at"]}))
+
+
+def phases(run: dict[str, Any]) -> dict[str, float]:
+    """The seconds of each phase of one run, from its marks; they add up to the process's whole life."""
+    marks = run["marks"]
+    prepare, tracker, parent = marks["prepare"], marks["__init__"], marks["start_sweep"]
+    connect, search, record, shutdown = marks["connect"], marks["run_search"], marks["_record"], marks["shutdown"]
+    actor_started = run["trainer_started"] - run["startup"]
+    parts = {
+        PHASES[0]: run["cli"] - run["born"],
+        PHASES[1]: run["heavy"] - run["cli"],
+        PHASES[2]: prepare[1] - prepare[0],
+        PHASES[3]: tracker[1] - tracker[0],
+        PHASES[4]: connect[1] - connect[0],
+        PHASES[5]: parent[1] - parent[0],
+        PHASES[6]: actor_started - search[0],
+        PHASES[7]: run["startup"],
+        PHASES[8]: run["reported"] - run["trainer_started"],
+        PHASES[9]: search[1] - run["reported"],
+        PHASES[10]: record[1] - record[0],
+        PHASES[11]: shutdown[1] - shutdown[0],
+    }
+    parts[PHASES[12]] = (run["end"] - run["born"]) - sum(parts.values())
+    return parts
+
+
+def run_all(runs: int, store: str) -> list[dict[str, float]]:
+    """`runs` fresh processes, one after another, each in its own folder and, with `store` seeded, a copy of
+    one migrated store (as the test suite's sweeps use)."""
+    results = []
+    seeded = None
+    if store == "seeded":
+        seeded = Path(tempfile.mkdtemp(prefix="start-store-")) / "mlflow.db"
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=f"sqlite:///{seeded}").search_experiments()
+    for _ in range(runs):
+        root = Path(tempfile.mkdtemp(prefix="start-"))
+        if seeded is not None:
+            shutil.copyfile(seeded, root / "mlflow.db")
+        env = {**os.environ, "RAY_TMPDIR": str(root), "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        done = subprocess.run([sys.executable, __file__, "--one", str(root)], env=env, capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode != 0:
+            raise SystemExit(f"a sweep failed:\n{done.stderr[-3000:]}")
+        results.append(phases(json.loads(done.stdout.strip().splitlines()[-1])))
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+def show(results: list[dict[str, float]], describe: Callable[[str], str] = str) -> None:
+    med = {name: statistics.median(r[name] for r in results) for name in PHASES}
+    whole = statistics.median(sum(r.values()) for r in results)
+    start = statistics.median(sum(r[name] for name in START_PHASES) for r in results)
+    print(f"{'phase':<42} {'median s':>9} {'min':>7} {'max':>7}")
+    for name in PHASES:
+        values = [r[name] for r in results]
+        print(f"{describe(name):<42} {med[name]:9.3f} {min(values):7.3f} {max(values):7.3f}")
+    print(f"{'the start (process to first trainer)':<42} {start:9.3f}")
+    print(f"{'the whole process':<42} {whole:9.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--store", choices=("new", "seeded"), default="new")
+    parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        one_sweep(args.one)
+        return
+    print(f"{args.runs} sweeps (erm, --smoke, 1 function trial, no replicates), each a fresh process; "
+          f"{'a new store each' if args.store == 'new' else 'a copy of a migrated store each'}; {os.cpu_count()} CPUs")
+    show(run_all(args.runs, args.store))
+
+
+if __name__ == "__main__":
+    main()
