@@ -8,10 +8,10 @@ Each run is a fresh interpreter (`--one`) that records, by the wall clock:
 - `prepare`: the space, the dataset and a dry-run config, checked before any cluster work;
 - the tracking set-up: the MLflow client and store (`SweepTracker`), then the sweep's parent run;
 - Ray's start: `ray_backend.connect`, a private local Ray (GCS, raylet, dashboard agent);
-- Tune, from the search's start to the first trial's process starting (its actor), read from the trial's
-  completed record (`time/trainer_started_at` less `time/startup_s`);
-- the first trial's own start: its process's imports, the data and the model, until its trainer started;
-- the training itself (not start-up; reported for scale);
+- Tune, from the search's start to the trial's trainer starting (read from the trial's completed record,
+  `time/trainer_started_at`): Tune's set-up, the trial's Ray worker taking the trial and importing its code;
+  how much of that the imports are is measured apart, in a fresh interpreter importing the trial's module;
+- the training itself, data and model included (not start-up; reported for scale);
 - from the last report to the search's return (the trial's teardown, Tune's end, the writer's drain);
 - the sweep's record: summary, tables, plots (matplotlib), artifacts;
 - Ray's shutdown, and whatever is left until the process exits.
@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 PHASES = ("interpreter and CLI import", "driver imports (torch, Ray, MLflow)", "prepare (space, dataset, dry run)",
-          "tracking client and store", "Ray start (private local)", "parent run", "Tune until the trial's process",
-          "trial start (imports, data, model)", "training (not start-up)", "last report to the search's return",
-          "record (summary, plots, artifacts)", "Ray shutdown", "rest until exit")
-START_PHASES = PHASES[:8]  # the sweep's start: everything before its first trainer started
+          "tracking client and store", "Ray start (private local)", "parent run", "Tune until the trial's trainer",
+          "training (data, model, 2 epochs)", "last report to the search's return", "record (summary, plots, artifacts)",
+          "Ray shutdown", "rest until exit")
+START_PHASES = PHASES[:7]  # the sweep's start: everything before its first trainer started
+TRIAL_MODULE = "raybench.sweep.ray_backend"  # what a trial's worker imports to run the trial
 
 
 def timed(owner: Any, name: str, marks: dict[str, list[float]]) -> None:
@@ -63,7 +64,7 @@ def one_sweep(root: Path) -> None:
     import psutil
 
     born = psutil.Process().create_time()
-    import raybench.cli as cli
+    from raybench import cli
 
     cli_imported = time.time()
     from raybench import tracking
@@ -81,7 +82,7 @@ def one_sweep(root: Path) -> None:
     (record,) = [json.loads(p.read_text()) for p in (root / "runs").glob("start-search/completed/*.json")]
     print(json.dumps({"code": code, "born": born, "cli": cli_imported, "heavy": heavy_imported, "end": ended,
                       "marks": marks, "trainer_started": record["time/trainer_started_at"],
-                      "startup": record["time/startup_s"], "reported": record["time/reported_at"]}))
+                      "reported": record["time/reported_at"]}))
 
 
 def phases(run: dict[str, Any]) -> dict[str, float]:
@@ -89,7 +90,6 @@ def phases(run: dict[str, Any]) -> dict[str, float]:
     marks = run["marks"]
     prepare, tracker, parent = marks["prepare"], marks["__init__"], marks["start_sweep"]
     connect, search, record, shutdown = marks["connect"], marks["run_search"], marks["_record"], marks["shutdown"]
-    actor_started = run["trainer_started"] - run["startup"]
     parts = {
         PHASES[0]: run["cli"] - run["born"],
         PHASES[1]: run["heavy"] - run["cli"],
@@ -97,14 +97,13 @@ def phases(run: dict[str, Any]) -> dict[str, float]:
         PHASES[3]: tracker[1] - tracker[0],
         PHASES[4]: connect[1] - connect[0],
         PHASES[5]: parent[1] - parent[0],
-        PHASES[6]: actor_started - search[0],
-        PHASES[7]: run["startup"],
-        PHASES[8]: run["reported"] - run["trainer_started"],
-        PHASES[9]: search[1] - run["reported"],
-        PHASES[10]: record[1] - record[0],
-        PHASES[11]: shutdown[1] - shutdown[0],
+        PHASES[6]: run["trainer_started"] - search[0],
+        PHASES[7]: run["reported"] - run["trainer_started"],
+        PHASES[8]: search[1] - run["reported"],
+        PHASES[9]: record[1] - record[0],
+        PHASES[10]: shutdown[1] - shutdown[0],
     }
-    parts[PHASES[12]] = (run["end"] - run["born"]) - sum(parts.values())
+    parts[PHASES[11]] = (run["end"] - run["born"]) - sum(parts.values())
     return parts
 
 
@@ -133,6 +132,14 @@ def run_all(runs: int, store: str) -> list[dict[str, float]]:
     return results
 
 
+def trial_import_seconds(runs: int) -> list[float]:
+    """Seconds a fresh interpreter takes to import what a trial's worker imports (torch, Ray Train and Tune,
+    raybench's trainer), each in its own process."""
+    code = f"import time; t = time.perf_counter(); import {TRIAL_MODULE}; print(time.perf_counter() - t)"
+    return [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                 timeout=300).stdout.strip()) for _ in range(runs)]
+
+
 def show(results: list[dict[str, float]], describe: Callable[[str], str] = str) -> None:
     med = {name: statistics.median(r[name] for r in results) for name in PHASES}
     whole = statistics.median(sum(r.values()) for r in results)
@@ -157,6 +164,9 @@ def main() -> None:
     print(f"{args.runs} sweeps (erm, --smoke, 1 function trial, no replicates), each a fresh process; "
           f"{'a new store each' if args.store == 'new' else 'a copy of a migrated store each'}; {os.cpu_count()} CPUs")
     show(run_all(args.runs, args.store))
+    imports = trial_import_seconds(args.runs)
+    print(f"of the Tune phase: a fresh interpreter importing {TRIAL_MODULE}: median {statistics.median(imports):.3f} s "
+          f"({min(imports):.3f}-{max(imports):.3f})")
 
 
 if __name__ == "__main__":
