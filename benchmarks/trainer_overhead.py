@@ -2,7 +2,8 @@
 
 Both sides run the same model (LeNet), the same batches (same sizes, same per-epoch evaluation of
 the four labeled evaluation splits), the same augmentation calls and the same forward/backward
-passes on `digits-shift`; only the bookkeeping differs. Runs alternate (bare, raybench, bare, ...)
+passes on `digits-shift` (ERM; DANN with its domain discriminator behind gradient reversal, both batches
+augmented; FixMatch); only the bookkeeping differs. Runs alternate (bare, raybench, bare, ...)
 so drift hits both sides alike; the throughput ratio (bare time / raybench time) is printed for the
 medians and for the minima (the least disturbed run of each side). Goal: ratio >= 0.97.
 
@@ -11,6 +12,7 @@ medians and for the minima (the least disturbed run of each side). Goal: ratio >
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 import time
@@ -20,26 +22,48 @@ import torch
 import torch.nn.functional as F
 
 from raybench.algorithms.base import pseudo_label_loss
+from raybench.algorithms.dann import GradientReversal, domain_discriminator
 from raybench.data import ShiftDataset, load_dataset
 from raybench.models import ModelSpec, build_model
 from raybench.trainer import TrainConfig, Trainer
 from raybench.trainer.batches import cycle_batches, epoch_batches
 
 
-def bare_erm_step(model, views, x_l, y_l, x_u):
-    return F.cross_entropy(model(views.plain(x_l)), y_l)
+@dataclasses.dataclass
+class BareBatch:
+    """One step's inputs as a hand-written loop holds them: labeled inputs, labels and domains, unlabeled
+    inputs and domains (None for ERM), and the extra module DANN trains beside the model."""
+
+    x_l: torch.Tensor
+    y_l: torch.Tensor
+    d_l: torch.Tensor
+    x_u: torch.Tensor | None
+    d_u: torch.Tensor | None
+    discriminator: torch.nn.Module | None
 
 
-def bare_fixmatch_step(model, views, x_l, y_l, x_u):
+def bare_erm_step(model, views, batch: BareBatch):
+    return F.cross_entropy(model(views.plain(batch.x_l)), batch.y_l)
+
+
+def bare_dann_step(model, views, batch: BareBatch):
+    n = len(batch.x_l)
+    features = model.featurizer(torch.cat([views.strong(batch.x_l), views.strong(batch.x_u)]))
+    supervised = F.cross_entropy(model.head(features[:n]), batch.y_l)
+    domain_logits = batch.discriminator(GradientReversal.apply(features, 1.0))
+    return supervised + F.cross_entropy(domain_logits, torch.cat([batch.d_l, batch.d_u]))  # penalty: same cost at any value
+
+
+def bare_fixmatch_step(model, views, batch: BareBatch):
     with torch.no_grad():
-        weak = model(views.weak(x_u))
-    out = model(torch.cat([views.strong(x_l), views.strong(x_u)]))
-    n = len(x_l)
+        weak = model(views.weak(batch.x_u))
+    out = model(torch.cat([views.strong(batch.x_l), views.strong(batch.x_u)]))
+    n = len(batch.x_l)
     unsup, _ = pseudo_label_loss(out[n:], weak, 0.7)
-    return F.cross_entropy(out[:n], y_l) + unsup
+    return F.cross_entropy(out[:n], batch.y_l) + unsup
 
 
-BARE_STEPS: dict[str, Callable] = {"erm": bare_erm_step, "fixmatch": bare_fixmatch_step}
+BARE_STEPS: dict[str, Callable] = {"erm": bare_erm_step, "dann": bare_dann_step, "fixmatch": bare_fixmatch_step}
 
 
 def run_bare(dataset: ShiftDataset, config: TrainConfig, algorithm: str) -> float:
@@ -47,7 +71,9 @@ def run_bare(dataset: ShiftDataset, config: TrainConfig, algorithm: str) -> floa
     cfg = config.resolve(dataset)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, ModelSpec(dataset.input_shape, dataset.task.n_outputs, layout=dataset.input_layout))
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    discriminator = domain_discriminator(model.n_features, dataset.n_domains) if algorithm == "dann" else None
+    trained = [*model.parameters(), *(discriminator.parameters() if discriminator is not None else [])]
+    optimizer = torch.optim.Adam(trained, lr=cfg.lr)
     uses_unlabeled = algorithm != "erm"
     n_l, n_u = cfg.batch_sizes(uses_unlabeled)
     train, unlabeled = dataset.split("train"), dataset.split(cfg.unlabeled_split)
@@ -57,12 +83,17 @@ def run_bare(dataset: ShiftDataset, config: TrainConfig, algorithm: str) -> floa
     start = time.perf_counter()
     for _ in range(cfg.epochs):
         model.train()
+        if discriminator is not None:
+            discriminator.train()
         labeled_batches = epoch_batches(len(train), n_l, g_l)
         unlabeled_batches = cycle_batches(len(unlabeled), n_u, g_u) if uses_unlabeled else None
         for _ in range(steps):
             idx = next(labeled_batches)
-            x_u = unlabeled.x[next(unlabeled_batches)] if unlabeled_batches else None
-            loss = step_fn(model, dataset.views, train.x[idx], train.y[idx], x_u)
+            u_idx = next(unlabeled_batches) if unlabeled_batches else None
+            batch = BareBatch(train.x[idx], train.y[idx], train.domain[idx],
+                              unlabeled.x[u_idx] if u_idx is not None else None,
+                              unlabeled.domain[u_idx] if u_idx is not None else None, discriminator)
+            loss = step_fn(model, dataset.views, batch)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -104,7 +135,7 @@ def main() -> None:
           f"torch {torch.__version__}")
     print(f"{'algorithm':10s} {'bare s (median)':>16s} {'raybench s (median)':>20s} {'ratio of medians':>17s} "
           f"{'ratio of minima':>16s}")
-    for algorithm in ("erm", "fixmatch"):
+    for algorithm in BARE_STEPS:
         bare, ours = measure(dataset, algorithm, args.steps, args.epochs, args.repeats)
         b, o = statistics.median(bare), statistics.median(ours)
         print(f"{algorithm:10s} {b:16.2f} {o:20.2f} {b / o:17.3f} {min(bare) / min(ours):16.3f}", flush=True)
