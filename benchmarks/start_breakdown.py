@@ -63,7 +63,7 @@ def one_sweep(root: Path) -> None:
     import psutil
 
     born = psutil.Process().create_time()
-    import raybench.cli as cli
+    from raybench import cli
 
     cli_imported = time.time()
     from raybench import tracking
