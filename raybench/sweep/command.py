@@ -21,9 +21,9 @@ from raybench.exits import OneLineParser, Signals, UsageError, run_command
 from raybench.records import SweepSummary
 from raybench.registry import UnknownNameError
 from raybench.sweep import options as sweep_options
-from raybench.sweep.errors import OptionError
+from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
 
-PROG = "raybench sweep"  # how users call it: the usage line and the resume line name the command they type
+PROG = "raybench sweep"  # how users call it, so the usage line names the command they type
 DESCRIPTION = "random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)"
 
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """`raybench sweep ARGV` without the CLI: parse, run, and end as every raybench command ends (raybench.exits)."""
     words = list(sys.argv[1:] if argv is None else argv)
-    return run_command(lambda: run(build_parser().parse_args(words), ["sweep", *words]))
+    return run_command(lambda: run(build_parser().parse_args(words), ["sweep", *words]))  # resumed as typed
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -47,7 +47,6 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     A bad input raises UsageError (one line, exit 2, from whoever runs the command); a stop signal returns 130 or
     143 after the interrupted line; a full disk 74, sysexits' EX_IOERR (the input was good, a write was not)."""
     from raybench.paths import StorageFull
-    from raybench.sweep.errors import SweepInterrupted
 
     if args.address:
         probe_cluster(args.address)  # before prepare() writes the storage folder or the tracking store
@@ -73,7 +72,6 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _sweep(options: sweep_options.SweepOptions) -> tuple[SweepSummary, str]:
     """(the sweep's summary, its tracking URI); each input error the library raises as a UsageError naming the
     flag (or file) to change."""
-    from raybench.sweep.errors import ClusterError, SweepBusy, SweepExists
     from raybench.sweep.runner import prepare, run_sweep
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError
@@ -130,7 +128,6 @@ def mlflow_hint(uri: str, ids: dict[str, str]) -> str:
 def probe_cluster(address: str) -> None:
     """Refuse, in one line, an --address no Ray answers at (or a node temp dir that cannot work) before anything
     is written: Ray's own retries would take minutes to say so."""
-    from raybench.sweep.errors import ClusterError
     from raybench.sweep.ray_backend import node_temp_dir, probe_address
 
     try:
