@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from raybench.exits import OneLineParser, Signals, UsageError, run_command
 from raybench.flag_types import assignment, positive_float, positive_int, seed_int
-from raybench.records import PairState, SweepSummary
+from raybench.records import PairState
 from raybench.registry import Registry, UnknownNameError
+from raybench.sweep import command as sweep_entry
 from raybench.sweep import options as sweep_options
-
-
-class UsageError(Exception):
-    """A user input error; printed as one line without a traceback."""
+from raybench.sweep.command import mlflow_hint, probe_cluster, resume_command
 
 
 def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
@@ -228,94 +224,9 @@ def add_probe_parsers(sub: Any) -> None:
 
 
 # ----- raybench sweep ---------------------------------------------------------------------------
-def resume_command(argv: Sequence[str]) -> str:
-    """The command that continues this sweep: the same arguments plus --resume, credentials redacted."""
-    from raybench.tracking import redact_uri
-
-    def redacted(word: str) -> str:
-        flag, sep, value = word.partition("=") if word.startswith("--") else ("", "", word)
-        return f"{flag}{sep}{redact_uri(value)}"
-
-    words = [redacted(word) for word in argv]
-    return shlex.join(["raybench", *words, *([] if "--resume" in words else ["--resume"])])
-
-
-class _Signals:
-    """SIGTERM is handled like Ctrl-C, so a stopped sweep marks its runs KILLED and says how to resume; the
-    exit status then names the signal that stopped it (130 for SIGINT, 143 for SIGTERM). ray.init replaces
-    this handler; ray_backend.connect puts it back (tests/test_signals.py sends the SIGTERM)."""
-
-    def __init__(self) -> None:
-        self.received = signal.SIGINT
-
-    def __enter__(self) -> _Signals:
-        self.previous = signal.signal(signal.SIGTERM, self._on_term)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGTERM, self.previous)
-
-    def _on_term(self, signum: int, frame: Any) -> None:
-        if self.received == signal.SIGTERM:  # `ray job stop` and a benchmark may both send one: stop once
-            return
-        self.received = signal.SIGTERM
-        signal.raise_signal(signal.SIGINT)  # Tune stops gracefully on SIGINT; elsewhere it is KeyboardInterrupt
-
-    @property
-    def exit_status(self) -> int:
-        return 128 + int(self.received)
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from raybench.paths import StorageFull
-    from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
-    from raybench.sweep.runner import prepare, run_sweep
-    from raybench.sweep.space import SpaceError
-    from raybench.tracking import TrackingError, redact_uri
-    from raybench.trainer import ConfigError
-
-    if args.address:
-        _probe_cluster(args.address)  # before prepare() writes the storage folder or the tracking store
-    resume = resume_command(args.argv)
-    try:
-        options = sweep_options.from_namespace(args, resume_command=resume)
-    except OptionError as err:  # a --set word that is no KEY=VALUE
-        raise UsageError(str(err)) from None
-    with _Signals() as signals:
-        try:
-            prepared = prepare(options)
-            summary = run_sweep(prepared)
-        except (SpaceError, SweepExists, SweepBusy, OptionError) as err:
-            raise UsageError(str(err)) from None
-        except UnknownNameError as err:
-            raise UsageError(f"--dataset/--selection: {err}") from None
-        except ConfigError as err:
-            raise UsageError(f"--set {err.key}: {err.detail}") from None
-        except TrackingError as err:
-            raise UsageError(f"--tracking-uri: {err}") from None
-        except ClusterError as err:
-            raise UsageError(f"{'--address' if 'answers at' in str(err) else 'cluster'}: {err}") from None
-        except (SweepInterrupted, KeyboardInterrupt) as err:
-            what = str(err) if isinstance(err, SweepInterrupted) else "sweep interrupted"
-            print(f"raybench: {what}; resume with: {resume}", file=sys.stderr)
-            return signals.exit_status
-        except StorageFull as err:  # 74, sysexits' EX_IOERR: the input was good (2 is for bad input), a write was not
-            print(f"raybench: {err}; free space and resume with: {resume}", file=sys.stderr)
-            return 74
-    print(_results_text(summary, "table"))  # what `raybench results NAME` shows, importances included
-    print(f"\nMLflow: {mlflow_hint(redact_uri(prepared.tracking_uri), summary.mlflow or {})}")
-    return 0
-
-
-def mlflow_hint(uri: str, ids: dict[str, str]) -> str:
-    """Where to look at the sweep: its parent run's page on the server, or how to start a UI on a local store."""
-    from raybench.tracking import ui_link
-
-    if uri.startswith(("http://", "https://")):
-        server, prefix = uri, "open "
-    else:
-        server, prefix = "http://127.0.0.1:5000", f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open "
-    return prefix + (ui_link(server, ids["experiment_id"], ids["run_id"]) if ids else server)
+    """The library runs the sweep (raybench.sweep.command), as it does for each pair of a benchmark."""
+    return sweep_entry.run(args, args.argv)
 
 
 # ----- raybench benchmark -----------------------------------------------------------------------
@@ -335,11 +246,11 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         print(plan_text(benchmark, bindings))
         return 0
     if args.address:
-        _probe_cluster(args.address)
+        probe_cluster(args.address)
     resume = resume_command(args.argv)
     options = BenchmarkOptions(Path(args.storage).resolve(), args.tracking_uri or default_tracking_uri(), args.address,
                                args.resume, resume, args.progress_every, force=args.force)
-    with _Signals() as signals:
+    with Signals() as signals:
         try:
             outcome = run_benchmark(benchmark, options)
         except (SweepExists, OptionError) as err:
@@ -355,20 +266,6 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     print(outcome_text(outcome))
     print(f"\nMLflow: {mlflow_hint(redact_uri(options.tracking_uri), outcome.mlflow)}")
     return 0 if outcome.count(PairState.FAILED) == 0 else 1
-
-
-def _probe_cluster(address: str) -> None:
-    from raybench.sweep.errors import ClusterError
-    from raybench.sweep.ray_backend import node_temp_dir, probe_address
-
-    try:
-        node_temp_dir()
-    except ClusterError as err:
-        raise UsageError(str(err)) from None
-    try:
-        probe_address(address)
-    except ClusterError as err:
-        raise UsageError(f"--address: {err}") from None
 
 
 def add_benchmark_parser(sub: Any) -> None:
@@ -391,6 +288,7 @@ def add_benchmark_parser(sub: Any) -> None:
 # ----- raybench results -------------------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
     from raybench.paths import writable_dir_problem
+    from raybench.sweep.report import results_text
     from raybench.tracking import TrackingError, default_tracking_uri, download_plots, load_sweep_results
 
     problem = writable_dir_problem(Path(args.plots)) if args.plots else None
@@ -402,25 +300,10 @@ def cmd_results(args: argparse.Namespace) -> int:
         written = download_plots(uri, summary.stored.run_id, Path(args.plots)) if args.plots else []
     except TrackingError as err:
         raise UsageError(f"results: {err}") from None
-    print(_results_text(summary, args.format))
+    print(results_text(summary, args.format))
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def _results_text(summary: SweepSummary, fmt_name: str) -> str:
-    """The sweep as `render` shows it, with which hyperparameters mattered (raybench.sweep.importance): a table
-    under the text, an `importances` field in JSON. CSV stays one row per trial, where no importance fits."""
-    from raybench.sweep.importance import importances, table_lines
-    from raybench.sweep.report import render
-
-    text = render(summary, fmt_name)
-    if fmt_name == "csv":
-        return text
-    found = importances(summary)
-    if fmt_name == "json":
-        return json.dumps({**json.loads(text), "importances": found.to_json()}, indent=2, sort_keys=True, default=str)
-    return "\n".join([text, "", *table_lines(found)])
 
 
 def name_list(text: str) -> tuple[str, ...]:
@@ -589,7 +472,7 @@ def write_new_file(path: Path, text: str, force: bool) -> None:
 def add_space_parser(sub: Any) -> None:
     s = sub.add_parser("space", help="write a starting search space, or look at one: its resolved form, the configs "
                                      "a sweep would draw")
-    space = s.add_subparsers(dest="space_command", required=True, parser_class=_Parser)
+    space = s.add_subparsers(dest="space_command", required=True, parser_class=OneLineParser)
     show = space.add_parser("show", help="the space on a dataset: every distribution and bound, the lr centre r, "
                                          "fixed and derived values, and a trial's budget at each unlabeled ratio")
     draw = space.add_parser("draw", help="the exact configs `raybench sweep` with the same flags runs, in order, "
@@ -651,7 +534,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 def add_data_parser(sub: Any) -> None:
     d = sub.add_parser("data", help="check or download the real WILDS datasets")
-    data = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    data = d.add_subparsers(dest="data_command", required=True, parser_class=OneLineParser)
     root_help = "the WILDS root (default: $RAYBENCH_WILDS_ROOT, else ~/.cache/raybench/wilds)"
     c = data.add_parser("check", help="is a folder a loadable copy? lists exactly which files are missing (exit 1 if any labeled file is)")
     c.add_argument("name")
@@ -665,7 +548,7 @@ def add_data_parser(sub: Any) -> None:
 
 
 def add_sweep_parser(sub: Any) -> None:
-    p = sub.add_parser("sweep", help="random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)")
+    p = sub.add_parser("sweep", help=sweep_entry.DESCRIPTION)
     sweep_options.add_arguments(p)  # every flag as SweepOptions declares it
     p.set_defaults(run=cmd_sweep)
 
@@ -705,14 +588,10 @@ def add_sweep_parser(sub: Any) -> None:
 
 
 # ----- wiring -------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse's own errors: one line, exit 2
-        raise UsageError(message.replace("argument ", ""))
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="raybench", description="Hyperparameter search and benchmarking under distribution shift.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="raybench",
+                           description="Hyperparameter search and benchmarking under distribution shift.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     p_list = sub.add_parser("list", help="list registered algorithms, datasets or models, or every setting with its "
                                          "type, default and allowed range")
@@ -738,46 +617,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The longest error line the CLI prints: whatever a hostile file or flag held, the error stays one readable line.
-MAX_ERROR_CHARS = 1_000
-
-
-def one_short_line(message: str) -> str:
-    """The message on one line, cut to MAX_ERROR_CHARS with its full length said. Every line break (also \\r,
-    \\x1e, \\u2028 ...) becomes a space, and any other unprintable character its escape: a key a file spelled
-    with control characters can neither break the line nor drive the terminal."""
-    line = " ".join(message.splitlines())
-    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
-    if len(line) <= MAX_ERROR_CHARS:
-        return line
-    return f"{line[:MAX_ERROR_CHARS]}... ({len(line):,} characters)"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        argv = list(sys.argv[1:] if argv is None else argv)
-        args = build_parser().parse_args(argv)
-        args.argv = argv
-        run: Callable[[argparse.Namespace], int] = args.run
-        status = run(args)
-        sys.stdout.flush()  # a reader gone (a closed pipe) surfaces here, where it is handled, not at exit
-        return status
-    except UsageError as err:
-        print(f"raybench: error: {one_short_line(str(err))}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("raybench: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return _reader_gone()
+    """`raybench ARGV`: parse, hand over to the subcommand, and end as every raybench command ends
+    (raybench.exits: a bad input in one line with exit 2, never a traceback)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    return run_command(lambda: _run_subcommand(words))
 
 
-def _reader_gone() -> int:
-    """The reader of stdout went away (`raybench list algorithms | head`): stop quietly, as `ls | head` does, with
-    128 + SIGPIPE. Python would otherwise print a traceback, and another error when it flushes stdout at exit."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    return 128 + signal.SIGPIPE
+def _run_subcommand(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = argv  # the words after `raybench`, as typed: a sweep or benchmark repeats them in its resume line
+    run: Callable[[argparse.Namespace], int] = args.run
+    return run(args)
 
 
 if __name__ == "__main__":

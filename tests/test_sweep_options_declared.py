@@ -231,7 +231,7 @@ def test_the_benchmarks_command_for_a_pair_parses_back_to_the_options_the_pair_m
     benchmark = a_benchmark(pair, **bench_changes)
     target = SweepTarget("127.0.0.1:1", "sqlite:///x.db", "parent", queued=queued)
     words = sweep_command(pair, benchmark, BenchmarkOptions(tmp_path, "sqlite:///x.db"), target, resume)
-    assert words[:4] == [sys.executable, "-m", "raybench.cli", "sweep"]
+    assert words[:3] == [sys.executable, "-m", "raybench.sweep.command"]  # `raybench sweep`, without the CLI
     meant = SweepOptions(
         space=str(pair.space_path), dataset=pair.dataset, name=pair.sweep, storage=str(tmp_path),
         tracking_uri="sqlite:///x.db", address="127.0.0.1:1", trials=pair.trials, replicates=pair.replicates,
@@ -240,7 +240,7 @@ def test_the_benchmarks_command_for_a_pair_parses_back_to_the_options_the_pair_m
         parent_run="parent", resume=resume,
         max_concurrent=benchmark.max_concurrent_trials if queued else benchmark.trials_per_sweep,
         trial_resources=((TRIAL_SLOT, 1.0),) if queued else ())
-    assert parsed(words[4:]) == meant
+    assert parsed(words[3:]) == meant
 
 
 def test_the_benchmark_passes_the_flags_it_always_passed():
@@ -254,4 +254,4 @@ def test_the_benchmark_passes_the_flags_it_always_passed():
     flags = [word for word in words if word.startswith("--")]
     assert sorted(flags) == sorted(["--dataset", "--name", "--storage", "--tracking-uri", "--address", "--trials",
                                     "--seed", "--selection", "--executor", "--max-concurrent", "--parent-run"])
-    assert words[4] == "/spaces/erm.yaml"
+    assert words[3] == "/spaces/erm.yaml"

@@ -1,7 +1,8 @@
 """`raybench benchmark`: every (dataset, search space) pair of a benchmark file swept on one Ray cluster, as
 one command (and so one `ray job submit`), resumable as a whole, with one MLflow parent run over its sweeps.
 
-Each pair runs as its own `raybench sweep` process joined to the shared cluster:
+Each pair runs as its own `raybench sweep` process joined to the shared cluster (the library's entry point for one
+sweep, raybench.sweep.command, run with `python -m`: the library never runs the CLI):
 - a pair is exactly the sweep a user would run by hand: the same checks, records, resume and results;
 - a pair that crashes, or that its own checks refuse, is recorded with its reason and the others go on;
 - a signal stops each sweep the way it stops a sweep run alone, so `--resume` continues each exactly.
@@ -42,6 +43,9 @@ STATE_FILE = "benchmark.json"
 TRIAL_SLOT = "raybench_slot"  # the custom resource of the benchmark's trial queue (the module docstring says how)
 INTERRUPTED_CODES = (130, 143)  # a sweep stopped by SIGINT or SIGTERM says so in its exit status
 STOP_GRACE_S = 300.0  # a sweep stopping on SIGTERM writes its partial results; then it is killed
+# The library's entry point for one sweep, which each pair's process runs (`python -m`): the `raybench sweep` a user
+# types, without the CLI. Named, not imported: the sweep process runs it as __main__, and this process needs no copy.
+SWEEP_ENTRY = "raybench.sweep.command"
 
 
 class BenchmarkInterrupted(Exception):
@@ -293,11 +297,18 @@ def _resume_notes(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
 # ----- one pair's sweep process -------------------------------------------------------------------------
 def sweep_command(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, target: SweepTarget,
                   resume: bool) -> list[str]:
-    """The `raybench sweep` this pair is: the command a user would type, joined to the shared cluster. Its words
+    """The `raybench sweep` this pair is: the command a user would type, joined to the shared cluster, run
+    through the library's entry point for one sweep (SWEEP_ENTRY), since the library never runs the CLI. Its words
     come from the sweep's declared options, so every option the benchmark decides reaches the sweep; each one is
     spelled even at its default, so the command in a pair's log says what the benchmark chose."""
     settings = pair_settings(pair, benchmark, options, target, resume)
-    return [sys.executable, "-m", "raybench.cli", "sweep", *command_words(SweepOptions(**settings), spell=settings)]
+    return [sys.executable, "-m", SWEEP_ENTRY, *command_words(SweepOptions(**settings), spell=settings)]
+
+
+def shown_command(command: Sequence[str]) -> str:
+    """A pair's sweep command as its log shows it: `sweep` and its arguments, the words a user types after
+    `raybench` (the interpreter and the entry module left out)."""
+    return " ".join(["sweep", *command[3:]])
 
 
 def pair_settings(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, target: SweepTarget,
@@ -342,7 +353,7 @@ def launch(pair: Pair, command: list[str], log_path: Path) -> Running:
     stops each sweep with exactly one SIGTERM (a sweep stopped twice would skip its last checkpoint)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115  (Running owns it: closed when the sweep ends)
-    log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[3:])}\n")
+    log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {shown_command(command)}\n")
     log.flush()
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                process_group=0, preexec_fn=_parent_death_signal())  # noqa: PLW1509  one prctl call, no locks

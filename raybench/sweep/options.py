@@ -166,8 +166,8 @@ class SweepOptions:
     parent_run: str | None = option(None, flag="--parent-run", metavar="RUN_ID",
                                     help="nest the sweep's MLflow run under this run (a benchmark passes its own)")
     max_failures: int = internal(2, why="a fixed policy: how often Ray restarts a trial whose worker failed")
-    resume_command: str | None = internal(None, why="the CLI, from its own argv: the command shown (and tagged) "
-                                                    "when the sweep is interrupted")
+    resume_command: str | None = internal(None, why="the sweep's entry point (raybench.sweep.command), from its argv: "
+                                                    "the command shown (and tagged) when the sweep is interrupted")
 
     def sweep_name(self, algorithm: str) -> str:
         return self.name or safe_name(f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}")
@@ -215,8 +215,8 @@ def _reading(field: dataclasses.Field, flag: Flag) -> dict[str, Any]:
 
 def from_namespace(args: argparse.Namespace, **internal: Any) -> SweepOptions:
     """The options a parsed `raybench sweep` command line means, in one call; `internal` gives the fields no flag
-    sets (the CLI's resume_command). A repeated NAME=VALUE word that is no pair (`--set lr`) raises OptionError
-    naming its flag."""
+    sets (the resume_command raybench.sweep.command builds). A repeated NAME=VALUE word that is no pair
+    (`--set lr`) raises OptionError naming its flag."""
     stray = sorted(set(internal) - set(internal_names()))
     if stray:
         raise TypeError(f"from_namespace: {stray[0]!r} is set by a flag, not given as internal")

@@ -697,7 +697,7 @@ class StageResult:
     """A stage's Tune experiment as it ended: Tune's results, and whether a stop signal ended it."""
 
     grid: tune.ResultGrid
-    signalled: bool  # Tune caught a stop signal (SIGINT, or a SIGTERM the CLI turned into one) during fit
+    signalled: bool  # Tune caught a stop signal during fit (SIGINT, or a SIGTERM raybench.exits.Signals made one)
 
 
 def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.Tuner], resume: bool) -> StageResult:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from raybench.records import SweepSummary, TrialRecord
 from raybench.report_keys import BEST_PREFIX
+from raybench.sweep.importance import importances, table_lines
 from raybench.sweep.progress import duration
 from raybench.sweep.results import (
     BudgetSummary,
@@ -56,6 +57,19 @@ def render(summary: SweepSummary, fmt_name: str) -> str:
         trial_rows(summary).to_csv(buffer, index=False)
         return buffer.getvalue().rstrip("\n")
     return table(summary)
+
+
+def results_text(summary: SweepSummary, fmt_name: str) -> str:
+    """The sweep as `render` shows it, with which hyperparameters mattered (raybench.sweep.importance): a table
+    under the text, an `importances` field in JSON. CSV stays one row per trial, where no importance fits. Both
+    a finished sweep's last output and `raybench results` print this, so they show the same."""
+    text = render(summary, fmt_name)
+    if fmt_name == "csv":
+        return text
+    found = importances(summary)
+    if fmt_name == "json":
+        return json.dumps({**json.loads(text), "importances": found.to_json()}, indent=2, sort_keys=True, default=str)
+    return "\n".join([text, "", *table_lines(found)])
 
 
 def table(summary: SweepSummary) -> str:

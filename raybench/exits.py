@@ -1,0 +1,93 @@
+"""How a raybench command process ends: a bad input as one line and exit status 2, a stop signal as the
+interrupted status (128 + the signal), a reader gone as SIGPIPE's, never a traceback.
+
+On the ground floor (standard library only, no torch, Ray or MLflow) because two entry points share it: the
+`raybench` command line (raybench.cli) and the library's entry point for one sweep (raybench.sweep.command), which
+a benchmark starts for each pair; the library must not import the CLI to get them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# The longest error line a command prints: whatever a hostile file or flag held, the error stays one readable line.
+MAX_ERROR_CHARS = 1_000
+
+
+class UsageError(Exception):
+    """A user input error; printed as one line without a traceback."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own errors (an unknown flag, a bad value) as a UsageError: one line and exit 2, as every other
+    bad input, instead of argparse's usage text."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(message.replace("argument ", ""))
+
+
+def one_short_line(message: str) -> str:
+    """The message on one line, cut to MAX_ERROR_CHARS with its full length said. Every line break (also \\r,
+    \\x1e, \\u2028 ...) becomes a space, and any other unprintable character its escape: a key a file spelled
+    with control characters can neither break the line nor drive the terminal."""
+    line = " ".join(message.splitlines())
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    if len(line) <= MAX_ERROR_CHARS:
+        return line
+    return f"{line[:MAX_ERROR_CHARS]}... ({len(line):,} characters)"
+
+
+class Signals:
+    """SIGTERM is handled like Ctrl-C, so a stopped sweep marks its runs KILLED and says how to resume; the
+    exit status then names the signal that stopped it (130 for SIGINT, 143 for SIGTERM). ray.init replaces
+    this handler; ray_backend.connect puts it back (tests/test_signals.py sends the SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.received = signal.SIGINT
+
+    def __enter__(self) -> Signals:
+        self.previous = signal.signal(signal.SIGTERM, self._on_term)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        if self.received == signal.SIGTERM:  # `ray job stop` and a benchmark may both send one: stop once
+            return
+        self.received = signal.SIGTERM
+        signal.raise_signal(signal.SIGINT)  # Tune stops gracefully on SIGINT; elsewhere it is KeyboardInterrupt
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + int(self.received)
+
+
+def run_command(body: Callable[[], int]) -> int:
+    """Run a command's body and return its exit status, ending the way every raybench command ends: a
+    UsageError as `raybench: error: <one line>` and 2, a Ctrl-C outside a sweep's own handling as 130, a
+    closed stdout quietly."""
+    try:
+        status = body()
+        sys.stdout.flush()  # a reader gone (a closed pipe) surfaces here, where it is handled, not at exit
+        return status
+    except UsageError as err:
+        print(f"raybench: error: {one_short_line(str(err))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("raybench: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def reader_gone() -> int:
+    """The reader of stdout went away (`raybench list algorithms | head`): stop quietly, as `ls | head` does, with
+    128 + SIGPIPE. Python would otherwise print a traceback, and another error when it flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE

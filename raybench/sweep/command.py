@@ -1,0 +1,144 @@
+"""One sweep as a process: `python -m raybench.sweep.command ARGS` is `raybench sweep ARGS`.
+
+The library's entry point for one sweep. `raybench sweep` (raybench.cli) hands its parsed arguments to `run`, and
+`raybench benchmark` (raybench.sweep.benchmark) starts this module for each pair, so the library never runs the CLI
+(the layers go data -> ... -> sweep -> tracking -> report, the CLI on top). It owns what a sweep process does
+beyond the runner: its arguments (as raybench.sweep.options declares them), SIGTERM as a graceful stop, each
+error as one line with exit status 2, the interrupted line with the command that resumes it, the final results.
+
+A module of its own rather than `raybench/sweep/__main__.py`: it is imported (by the CLI, by tests) as well as
+run, and `python -m raybench.sweep` would name the whole package, which holds far more than one sweep.
+Nothing heavy is imported until a sweep runs: a bad argument is refused before torch, Ray or MLflow load.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+
+from raybench.exits import OneLineParser, Signals, UsageError, run_command
+from raybench.records import SweepSummary
+from raybench.registry import UnknownNameError
+from raybench.sweep import options as sweep_options
+from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
+
+PROG = "raybench sweep"  # how users call it, so the usage line names the command they type
+DESCRIPTION = "random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`raybench sweep`'s parser, standalone: the same declared flags the CLI's `sweep` subcommand has."""
+    parser = OneLineParser(prog=PROG, description=DESCRIPTION)
+    sweep_options.add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`raybench sweep ARGV` without the CLI: parse, run, and end as every raybench command ends (raybench.exits)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    return run_command(lambda: run(build_parser().parse_args(words), ["sweep", *words]))  # resumed as typed
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run the sweep a parsed command line asks for and print its results; 0 when it ran to the end.
+
+    `argv` is the command line after `raybench` as the user typed it (`sweep ...`): the resume line repeats it.
+    A bad input raises UsageError (one line, exit 2, from whoever runs the command); a stop signal returns 130 or
+    143 after the interrupted line; a full disk 74, sysexits' EX_IOERR (the input was good, a write was not)."""
+    from raybench.paths import StorageFull
+
+    if args.address:
+        probe_cluster(args.address)  # before prepare() writes the storage folder or the tracking store
+    resume = resume_command(argv)
+    try:
+        options = sweep_options.from_namespace(args, resume_command=resume)
+    except OptionError as err:  # a --set word that is no KEY=VALUE
+        raise UsageError(str(err)) from None
+    with Signals() as signals:
+        try:
+            summary, tracking_uri = _sweep(options)
+        except (SweepInterrupted, KeyboardInterrupt) as err:
+            what = str(err) if isinstance(err, SweepInterrupted) else "sweep interrupted"
+            print(f"raybench: {what}; resume with: {resume}", file=sys.stderr)
+            return signals.exit_status
+        except StorageFull as err:
+            print(f"raybench: {err}; free space and resume with: {resume}", file=sys.stderr)
+            return 74
+    _print_results(summary, tracking_uri)
+    return 0
+
+
+def _sweep(options: sweep_options.SweepOptions) -> tuple[SweepSummary, str]:
+    """(the sweep's summary, its tracking URI); each input error the library raises as a UsageError naming the
+    flag (or file) to change."""
+    from raybench.sweep.runner import prepare, run_sweep
+    from raybench.sweep.space import SpaceError
+    from raybench.tracking import TrackingError
+    from raybench.trainer import ConfigError
+
+    try:
+        prepared = prepare(options)
+        return run_sweep(prepared), prepared.tracking_uri
+    except (SpaceError, SweepExists, SweepBusy, OptionError) as err:
+        raise UsageError(str(err)) from None
+    except UnknownNameError as err:
+        raise UsageError(f"--dataset/--selection: {err}") from None
+    except ConfigError as err:
+        raise UsageError(f"--set {err.key}: {err.detail}") from None
+    except TrackingError as err:
+        raise UsageError(f"--tracking-uri: {err}") from None
+    except ClusterError as err:
+        raise UsageError(f"{'--address' if 'answers at' in str(err) else 'cluster'}: {err}") from None
+
+
+def _print_results(summary: SweepSummary, tracking_uri: str) -> None:
+    """What `raybench results NAME` shows, importances included, then where to look at it in MLflow."""
+    from raybench.sweep.report import results_text
+    from raybench.tracking import redact_uri
+
+    print(results_text(summary, "table"))
+    print(f"\nMLflow: {mlflow_hint(redact_uri(tracking_uri), summary.mlflow or {})}")
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that continues this sweep (or benchmark): `raybench`, the same arguments, plus --resume, with
+    credentials redacted. Always the command users type, whichever process runs the sweep."""
+    from raybench.tracking import redact_uri
+
+    def redacted(word: str) -> str:
+        flag, sep, value = word.partition("=") if word.startswith("--") else ("", "", word)
+        return f"{flag}{sep}{redact_uri(value)}"
+
+    words = [redacted(word) for word in argv]
+    return shlex.join(["raybench", *words, *([] if "--resume" in words else ["--resume"])])
+
+
+def mlflow_hint(uri: str, ids: dict[str, str]) -> str:
+    """Where to look at the sweep: its parent run's page on the server, or how to start a UI on a local store."""
+    from raybench.tracking import ui_link
+
+    if uri.startswith(("http://", "https://")):
+        server, prefix = uri, "open "
+    else:
+        server, prefix = "http://127.0.0.1:5000", f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open "
+    return prefix + (ui_link(server, ids["experiment_id"], ids["run_id"]) if ids else server)
+
+
+def probe_cluster(address: str) -> None:
+    """Refuse, in one line, an --address no Ray answers at (or a node temp dir that cannot work) before anything
+    is written: Ray's own retries would take minutes to say so."""
+    from raybench.sweep.ray_backend import node_temp_dir, probe_address
+
+    try:
+        node_temp_dir()
+    except ClusterError as err:
+        raise UsageError(str(err)) from None
+    try:
+        probe_address(address)
+    except ClusterError as err:
+        raise UsageError(f"--address: {err}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
