@@ -60,11 +60,23 @@ class Signals:
         if self.received == signal.SIGTERM:  # `ray job stop` and a benchmark may both send one: stop once
             return
         self.received = signal.SIGTERM
-        signal.raise_signal(signal.SIGINT)  # Tune stops gracefully on SIGINT; elsewhere it is KeyboardInterrupt
+        stop_as_on_ctrl_c(frame)
 
     @property
     def exit_status(self) -> int:
         return 128 + int(self.received)
+
+
+def stop_as_on_ctrl_c(frame: Any) -> None:
+    """Do what a Ctrl-C does at this moment: call the SIGINT handler in place (Tune's graceful stop during a
+    fit, else Python's KeyboardInterrupt). Called, not raised with `signal.raise_signal`: a process a shell
+    starts in the background (`&`, nohup, many batch scripts) inherits SIGINT ignored, and a raised SIGINT
+    would then be dropped, and the SIGTERM with it."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+        return
+    raise KeyboardInterrupt
 
 
 def run_command(body: Callable[[], int]) -> int:

@@ -133,8 +133,14 @@ def test_the_resume_line_is_the_command_a_user_types(monkeypatch, capsys):
     assert capsys.readouterr().err == line
 
 
-def test_sigterm_stops_the_entry_points_sweep_as_interrupted_with_143(tmp_path):
-    process = subprocess.Popen([sys.executable, "-c", WAITING, "erm", "--name", "s"], stdout=subprocess.PIPE,
+# What a shell does to a command it starts with `&` (no job control) or nohup: SIGINT ignored from the start.
+AS_A_BACKGROUND_JOB = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+
+
+@pytest.mark.parametrize("prefix", ["", AS_A_BACKGROUND_JOB], ids=["foreground", "sigint-ignored"])
+def test_sigterm_stops_the_entry_points_sweep_as_interrupted_with_143(prefix, tmp_path):
+    """Whatever SIGINT's inherited disposition: a SIGTERM outside Tune's fit is not dropped with an ignored SIGINT."""
+    process = subprocess.Popen([sys.executable, "-c", prefix + WAITING, "erm", "--name", "s"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
     try:
         assert process.stdout is not None and process.stdout.readline() == "ready\n"

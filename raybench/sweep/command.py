@@ -6,7 +6,7 @@ The library's entry point for one sweep. `raybench sweep` (raybench.cli) hands i
 beyond the runner: its arguments (as raybench.sweep.options declares them), SIGTERM as a graceful stop, each
 error as one line with exit status 2, the interrupted line with the command that resumes it, the final results.
 
-A module of its own rather than `raybench/sweep/__main__.py`: it is imported (by the CLI, by tests) as well as
+A module of its own rather than the package's `__main__` module: it is imported (by the CLI, by tests) as well as
 run, and `python -m raybench.sweep` would name the whole package, which holds far more than one sweep.
 Nothing heavy is imported until a sweep runs: a bad argument is refused before torch, Ray or MLflow load.
 """
