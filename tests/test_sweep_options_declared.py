@@ -255,3 +255,23 @@ def test_the_benchmark_passes_the_flags_it_always_passed():
     assert sorted(flags) == sorted(["--dataset", "--name", "--storage", "--tracking-uri", "--address", "--trials",
                                     "--seed", "--selection", "--executor", "--max-concurrent", "--parent-run"])
     assert words[3] == "/spaces/erm.yaml"
+
+
+# What a --resume may not change: what is trained (dataset, smoke, space) and how the search and selection run.
+DECIDE_WHAT_IS_TRAINED = {"dataset", "trials", "replicates", "seed", "sampler", "workers_per_trial", "smoke",
+                          "executor", "selection", "scheduler", "grace_period", "reduction_factor"}
+
+
+def test_a_resume_refuses_exactly_the_options_declared_fixed_naming_each_ones_flag():
+    from raybench.sweep.runner import RESUME_FIXED, changed_flag
+
+    assert set(declared.fixed_on_resume()) == DECIDE_WHAT_IS_TRAINED
+    recorded_options = set(dataclasses.asdict(SweepOptions(space="erm")))
+    for name, flag in declared.fixed_on_resume().items():
+        assert name in recorded_options and RESUME_FIXED[name] == flag
+        assert changed_flag({name: "1"}, {name: "2"}).startswith(f"--resume: {flag} was 1 when this sweep started")
+    assert changed_flag({"selection_metric": "val/acc"}, {"selection_metric": "id_val/acc"}).startswith(
+        "--resume: --selection was val/acc")
+    for free in ("max_concurrent", "address", "storage", "cpus_per_worker"):
+        assert free not in RESUME_FIXED
+        assert changed_flag({free: "1"}, {free: "2"}) is None

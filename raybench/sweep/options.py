@@ -70,6 +70,12 @@ class Flag:
     choices: tuple[str, ...] = ()
     metavar: str | None = None
     repeats: Pairs | None = None
+    fixed_on_resume: bool = False  # it decides what is trained or selected: a --resume must give the recorded value
+
+    @property
+    def words(self) -> str:
+        """The flag as a user names it: `--trials`, or SPACE for the positional."""
+        return self.flag or "SPACE"
 
     def dest(self, field: dataclasses.Field) -> str:
         """Where argparse puts the value: the positional's field name, else the flag's own (--set -> set), as
@@ -86,9 +92,10 @@ class Internal:
 
 def option(default: Any = MISSING, *, flag: str | None, parse: Callable[[str], Any] | None = None,
            help: str | None = None, choices: tuple[str, ...] = (), metavar: str | None = None,
-           repeats: Pairs | None = None, default_factory: Any = MISSING) -> Any:
-    """A SweepOptions field that `flag` sets."""
-    return _field(Flag(flag, parse, help, choices, metavar, repeats), default, default_factory)
+           repeats: Pairs | None = None, fixed_on_resume: bool = False, default_factory: Any = MISSING) -> Any:
+    """A SweepOptions field that `flag` sets; `fixed_on_resume`: a `--resume` may not change it (it decides what
+    is trained and selected, and Tune's restore keeps the search it started)."""
+    return _field(Flag(flag, parse, help, choices, metavar, repeats, fixed_on_resume), default, default_factory)
 
 
 def internal(default: Any, *, why: str) -> Any:
@@ -119,16 +126,16 @@ class SweepOptions:
     """One sweep as `raybench sweep` takes it, its fields in the order `raybench sweep --help` lists their flags."""
 
     space: str = option(flag=None, help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
-    dataset: str = option("digits-shift", flag="--dataset")
+    dataset: str = option("digits-shift", flag="--dataset", fixed_on_resume=True)
     trials: int | None = option(None, flag="--trials", parse=positive_int,  # None: 10, or 2 with smoke
-                                help="random configs to try (default 10; 2 with --smoke)")
+                                help="random configs to try (default 10; 2 with --smoke)", fixed_on_resume=True)
     replicates: int | None = option(None, flag="--replicates", parse=non_negative_int,  # None: the dataset's count
                                     help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, "
-                                         "else 3; 2 with --smoke)")
-    seed: int = option(0, flag="--seed", parse=seed_int, help="the search's seed (Optuna sampler)")
-    sampler: str = option("random", flag="--sampler", choices=SAMPLERS)
+                                         "else 3; 2 with --smoke)", fixed_on_resume=True)
+    seed: int = option(0, flag="--seed", parse=seed_int, help="the search's seed (Optuna sampler)", fixed_on_resume=True)
+    sampler: str = option("random", flag="--sampler", choices=SAMPLERS, fixed_on_resume=True)
     max_concurrent: int = option(2, flag="--max-concurrent", parse=positive_int)
-    workers_per_trial: int = option(1, flag="--workers-per-trial", parse=positive_int)
+    workers_per_trial: int = option(1, flag="--workers-per-trial", parse=positive_int, fixed_on_resume=True)
     cpus_per_worker: float = option(1.0, flag="--cpus-per-worker", parse=positive_float)
     gpus_per_worker: float = option(0.0, flag="--gpus-per-worker", parse=non_negative_float)
     worker_resources: tuple[tuple[str, float], ...] = option(
@@ -145,21 +152,21 @@ class SweepOptions:
                                                                         "sqlite:///mlflow.db in the working directory")
     storage: str = option("runs", flag="--storage", help="Tune storage folder (shared storage on a multi-node cluster)")
     name: str | None = option(None, flag="--name", help="sweep name; default: SPACE-DATASET-seedSEED")
-    smoke: bool = option(False, flag="--smoke", help="a few steps per trial (and by default 2 trials, 2 replicates)")
+    smoke: bool = option(False, flag="--smoke", help="a few steps per trial (and by default 2 trials, 2 replicates)", fixed_on_resume=True)
     resume: bool = option(False, flag="--resume", help="continue an interrupted sweep of the same name")
     autoscaling: bool = option(False, flag="--autoscaling", help="the cluster adds nodes on demand: accept resource "
                                                                  "requests no current node can satisfy")
     executor: str = option("train", flag="--executor", choices=EXECUTORS,
                            help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, "
-                                "single worker")
-    selection: str = option("ood_val", flag="--selection", choices=SELECTION_RULES)
+                                "single worker", fixed_on_resume=True)
+    selection: str = option("ood_val", flag="--selection", choices=SELECTION_RULES, fixed_on_resume=True)
     scheduler: str = option("fifo", flag="--scheduler", choices=SCHEDULERS,
                             help="fifo: every trial runs all its epochs; asha: stop trials early on the selection "
-                                 "metric (each still selected on its best epoch so far)")
+                                 "metric (each still selected on its best epoch so far)", fixed_on_resume=True)
     grace_period: int = option(1, flag="--grace-period", parse=positive_int,
-                               help="asha: epochs before a trial can be stopped")
+                               help="asha: epochs before a trial can be stopped", fixed_on_resume=True)
     reduction_factor: float = option(3.0, flag="--reduction-factor", parse=positive_float,
-                                     help="asha: at each rung keep the top 1/FACTOR of trials (> 1)")
+                                     help="asha: at each rung keep the top 1/FACTOR of trials (> 1)", fixed_on_resume=True)
     extra_fixed: dict[str, Any] = option(  # noqa: RUF009  option() is dataclasses.field, with a default_factory
         flag="--set", default_factory=dict, repeats=SETTINGS, metavar="KEY=VALUE",
         help="fix a trainer setting for every trial")
@@ -184,6 +191,16 @@ def flagged() -> Iterator[tuple[dataclasses.Field, Flag]]:
         declared = declaration(field)
         if isinstance(declared, Flag):
             yield field, declared
+
+
+def fixed_on_resume() -> dict[str, str]:
+    """The options a `--resume` may not change, field name -> the flag that sets it, in declaration order."""
+    return {field.name: flag.words for field, flag in flagged() if flag.fixed_on_resume}
+
+
+def flag_words(name: str) -> str:
+    """How a user names the flag that sets the field `name`."""
+    return next(flag.words for field, flag in flagged() if field.name == name)
 
 
 def internal_names() -> list[str]:

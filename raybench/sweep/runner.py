@@ -27,6 +27,7 @@ from raybench.paths import (
     writable_dir_problem,
 )
 from raybench.records import Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
+from raybench.sweep import options as sweep_options
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.importance import Importances, importances
@@ -185,17 +186,15 @@ def _check_storage_for(name: str, storage: Path, resume: bool) -> None:
 # ----- one driver per sweep, and a sweep is what it was started as -----------------------------------------
 LOCK_FOLDER = ".raybench-locks"  # under --storage; a sweep name never starts with a dot, so no sweep lands here
 
-# The recorded params (see _sweep_params) a --resume may not change, with the flag that sets each: they decide
-# what is trained and what is selected, and Tune's restore keeps the search it started (its sample count, its
-# searcher's seed and space), so a changed value would be ignored or would break the restored search. The
-# others only say where and how fast it runs (--address, --max-concurrent, --cpus-per-worker, --storage ...)
-# and may change. A space is compared by its content (algorithm, search, derived, fixed), not its spelling.
-RESUME_FIXED: dict[str, str] = {
-    "dataset": "--dataset", "smoke": "--smoke", "trials": "--trials", "replicates": "--replicates", "seed": "--seed",
-    "sampler": "--sampler", "selection": "--selection", "selection_metric": "--selection", "executor": "--executor",
-    "workers_per_trial": "--workers-per-trial", "scheduler": "--scheduler", "grace_period": "--grace-period",
-    "reduction_factor": "--reduction-factor", "algorithm": "SPACE (its algorithm)",
-}
+# The recorded params (see _sweep_params) a --resume may not change, with the flag that sets each: the options
+# declared fixed_on_resume (raybench.sweep.options), then what _sweep_params derives from them. They decide what is
+# trained and what is selected, and Tune's restore keeps the search it started (its sample count, its searcher's
+# seed and space), so a changed value would be ignored or would break the restored search. The others only say
+# where and how fast it runs (--address, --max-concurrent, --cpus-per-worker, --storage ...) and may change. A
+# space is compared by its content (algorithm, search, derived, fixed), not its spelling.
+RESUME_FIXED: dict[str, str] = {**sweep_options.fixed_on_resume(),
+                                "selection_metric": sweep_options.flag_words("selection"),
+                                "algorithm": f"{sweep_options.flag_words('space')} (its algorithm)"}
 SPACE_CONTENT: dict[str, str] = {"space.searched": "SPACE (the settings it searches)",
                                  "space.lr_center": "SPACE (its lr centre)"}
 # Recorded params whose name says which setting of the space they are, and the words that name it.
