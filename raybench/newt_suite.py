@@ -272,7 +272,8 @@ def run_suite(dataset: ShiftDataset, settings: SuiteSettings, families: Families
                           settings.folds)
     features = domain_features(dataset, config)
     per_class = check_per_class(settings.per_class, features.y, families, settings.folds)
-    hparams = NeWTHparams.from_dict(features.config.hparams, PROBE)
+    hparams = features.config.typed_hparams
+    assert isinstance(hparams, NeWTHparams)  # probe_config's algorithm is PROBE
     grid = parse_grid(hparams.c_grid, "c_grid")
     draws = [draw_task(task, features.y, per_class, settings.seed) for task in suite_tasks(families)]
     tasks = [score_task(draw, features, grid, hparams.folds, settings.seed) for draw in draws]

@@ -199,3 +199,19 @@ def test_two_ddp_workers_match_one_process_on_the_same_global_batches(tiny_datas
     ddp = torch.load(out, weights_only=True)
     for key, value in single.items():
         torch.testing.assert_close(ddp[key], value, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["erm", "dann", "noisy_student"])
+def test_a_run_parses_its_hyperparameters_once_per_config_it_holds(tiny_dataset, monkeypatch, algorithm):
+    """The config as given and as resolved on the dataset are parsed once each; the checks, the epoch plan, the
+    budget, the model files and the algorithm all read that one parse (TrainConfig.typed_hparams)."""
+    from raybench.algorithms import ALGORITHMS
+
+    cls = ALGORITHMS.get(algorithm).Hparams
+    parses = []
+    original = cls.from_dict.__func__
+    monkeypatch.setattr(cls, "from_dict", classmethod(lambda c, values, name: parses.append(name) or original(c, values, name)))
+    trainer = Trainer(config(algorithm=algorithm, epochs=1, max_steps_per_epoch=1), [], tiny_dataset)
+    trainer.fit()
+    assert len(parses) == 2, parses
+    assert trainer.config.typed_hparams is trainer.config.typed_hparams

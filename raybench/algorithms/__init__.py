@@ -33,16 +33,17 @@ _FROM_BASE = ("Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "Sampl
 __getattr__ = names_on_first_use(globals(), dict.fromkeys(_FROM_BASE, "raybench.algorithms.base"))
 
 
-def parse_hparams(name: str, values: dict[str, Any]) -> Hparams:
-    return ALGORITHMS.get(name).Hparams.from_dict(values, name)
-
-
-def build_algorithm(name: str, model: FeaturizerHead, hparams: dict[str, Any], context: AlgorithmContext) -> Algorithm:
+def build_algorithm(name: str, model: FeaturizerHead, hparams: Hparams | dict[str, Any],
+                    context: AlgorithmContext) -> Algorithm:
+    """The algorithm `name` on `model`: `hparams` as the trainer's config parsed them (TrainConfig.typed_hparams), or
+    as a mapping to parse (tests and scripts)."""
     cls = ALGORITHMS.get(name)
-    return cls(model, cls.Hparams.from_dict(hparams, name), context)
+    if not isinstance(hparams, cls.Hparams):
+        hparams = cls.Hparams.from_dict(dict(hparams), name)
+    return cls(model, hparams, context)
 
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "AlgorithmContext", "Hparams", "RoundContext", "SamplingPlan", "ScoredRows", "StageModel",
-    "StepOutput", "build_algorithm", "parse_hparams", "register",
+    "StepOutput", "build_algorithm", "register",
 ]

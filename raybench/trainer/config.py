@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from raybench.algorithms import ALGORITHMS
-from raybench.algorithms.base import coerce
+from raybench.algorithms.base import Hparams, coerce
 from raybench.budget import Budget, ProtocolRule, epoch_steps, plan
 from raybench.data.base import ShiftDataset
 from raybench.errors import ConfigError
@@ -91,6 +91,19 @@ class TrainConfig:
     input_size: int | None = setting(None, allowed=Allowed(low=8, limit=MAX_INPUT_SIZE), help="images read and models built at N x N "
                                                                            "(WILDS datasets); none: the dataset's")
     hparams: dict[str, Any] = field(default_factory=dict)
+    _parsed: ClassVar[tuple[str, dict[str, Any], Hparams] | None] = None  # typed_hparams' memo, set per instance
+
+    @property
+    def typed_hparams(self) -> Hparams:
+        """The algorithm's typed hyperparameters, parsed once: the checks, the epoch plan, the budget and the trainer
+        all read them, and a parse coerces and range-checks every field. The memo is kept only while `algorithm`
+        and `hparams` still hold what it was parsed from. ValueError for a value its field refuses."""
+        memo = self._parsed
+        if memo is not None and memo[0] == self.algorithm and memo[1] == self.hparams:
+            return memo[2]
+        parsed = ALGORITHMS.get(self.algorithm).Hparams.from_dict(self.hparams, self.algorithm)
+        self._parsed = (self.algorithm, dict(self.hparams), parsed)
+        return parsed
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -147,7 +160,7 @@ class TrainConfig:
                 raise ConfigError(key, str(err).partition(": ")[2]) from None
             refuse_non_finite(key, coerced)
         try:  # the ranges declared on its fields and its own checks (e.g. DFR's C grid), before any work
-            ALGORITHMS.get(self.algorithm).Hparams.from_dict(self.hparams, self.algorithm)
+            self.typed_hparams  # noqa: B018  parsed for its checks (and kept for every later reader)
         except ValueError as err:
             key, _, detail = str(err).partition(": ")
             raise ConfigError(key, detail) from None
@@ -196,7 +209,7 @@ class TrainConfig:
 
     def check_against(self, dataset: ShiftDataset) -> None:
         algorithm = ALGORITHMS.get(self.algorithm)
-        reason = algorithm.inapplicable_reason(algorithm.Hparams.from_dict(self.hparams, self.algorithm),
+        reason = algorithm.inapplicable_reason(self.typed_hparams,
                                                dataset.task.kind, dataset.capabilities)
         if reason:
             raise ConfigError("algorithm", f"{self.algorithm!r} cannot run on {dataset.name!r}: {reason}")
@@ -238,8 +251,7 @@ class TrainConfig:
         """Batch sizes and steps of one epoch of this (resolved) config on `dataset`, as the trainer runs it:
         a pass over the training split, or over `epoch_examples` when the algorithm's sampling says so."""
         algorithm = ALGORITHMS.get(self.algorithm)
-        hparams = algorithm.Hparams.from_dict(self.hparams, self.algorithm)
-        if algorithm.is_pretext(hparams):  # every row unlabeled, and an epoch is one pass over them
+        if algorithm.is_pretext(self.typed_hparams):  # every row unlabeled, and an epoch is one pass over them
             assert self.batch_size is not None and self.unlabeled_split is not None
             steps = epoch_steps(len(dataset.split(self.unlabeled_split)), self.batch_size, None, self.max_steps_per_epoch)
             return EpochPlan(0, self.batch_size, steps, pretext=True)
@@ -252,7 +264,7 @@ class TrainConfig:
         """What this (resolved) config plans to train, beside what the WILDS rule gives its method at the same
         epoch share (raybench/budget.py): known before any step, so `space show` can print it."""
         algorithm = ALGORITHMS.get(self.algorithm)
-        rounds = algorithm.rounds_for(algorithm.Hparams.from_dict(self.hparams, self.algorithm))
+        rounds = algorithm.rounds_for(self.typed_hparams)
         epoch = self.epoch_plan(dataset, epoch_examples)
         n_labeled, epochs = len(dataset.split("train")), int(self.epochs or 1)
         if epoch.pretext:  # a pre-training stage has its own budget: the one it plans

@@ -163,7 +163,7 @@ class Trainer:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         self.train_split = self.dataset.split("train")
         algorithm_cls = ALGORITHMS.get(self.config.algorithm)
-        self.pretext = algorithm_cls.is_pretext(algorithm_cls.Hparams.from_dict(self.config.hparams, self.config.algorithm))
+        self.pretext = algorithm_cls.is_pretext(self.config.typed_hparams)
         self.uses_unlabeled = algorithm_cls.uses_unlabeled or self.pretext
         self.unlabeled_split: Split | None = (
             self.dataset.split(self.config.unlabeled_split) if self.uses_unlabeled else None
@@ -193,8 +193,7 @@ class Trainer:
         """Read every model file the algorithm's settings name (Noisy Student's `teacher_checkpoint`) now,
         so a missing, truncated, foreign or unsafe file fails before any training, not after a stage."""
         algorithm = ALGORITHMS.get(self.config.algorithm)
-        hparams = algorithm.Hparams.from_dict(self.config.hparams, self.config.algorithm)
-        for setting, path in algorithm.model_files(hparams).items():
+        for setting, path in algorithm.model_files(self.config.typed_hparams).items():
             self.load_model(path, setting)
 
     def _new_algorithm(self) -> Algorithm:
@@ -205,7 +204,7 @@ class Trainer:
             total_steps=self.steps_per_epoch * self.config.epochs,
             n_groups=self.dataset.n_groups,
         )
-        return build_algorithm(self.config.algorithm, self.new_model(), self.config.hparams, context).to(self.device)
+        return build_algorithm(self.config.algorithm, self.new_model(), self.config.typed_hparams, context).to(self.device)
 
     def _new_optimizer(self, algorithm: Algorithm) -> tuple[torch.optim.Optimizer, Schedule]:
         cfg = self.config
