@@ -38,6 +38,24 @@ def test_every_registered_algorithm_ships_its_search_space():
     assert not missing, f"algorithms without a search space in {SEARCH_DIR}: {', '.join(missing)}"
 
 
+def test_every_algorithm_that_needs_a_datasets_settings_has_datasets_declaring_them(digits):
+    """An algorithm whose values differ per dataset (SwAV's crops and pre-training budget, masked LM's) has them in the
+    one place a dataset's defaults live, its `algorithm_hparams` (datasets.yaml, or the embedded dataset's module):
+    an algorithm no dataset declares could run nowhere, and a declared name or value that the algorithm does not
+    have would fail only when a run starts. Named here instead."""
+    from raybench.data.wilds.adapter import SPECS
+
+    declared = {"digits-shift": digits.defaults.algorithm_hparams,
+                **{name: spec.defaults.algorithm_hparams for name, spec in SPECS.items()}}
+    everywhere = {algorithm for hparams in declared.values() for algorithm in hparams}
+    homeless = [name for name in ALGORITHMS.names() if ALGORITHMS.get(name).dataset_settings and name not in everywhere]
+    assert not homeless, f"algorithms whose per-dataset settings no dataset declares: {', '.join(homeless)}"
+    for dataset, hparams in declared.items():
+        for algorithm, values in hparams.items():
+            assert algorithm in ALGORITHMS, f"{dataset}: algorithm_hparams names no algorithm {algorithm!r}"
+            ALGORITHMS.get(algorithm).Hparams.from_dict(dict(values), algorithm)  # names and ranges, or ValueError
+
+
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory, digits):
     """Datasets by name, each loaded once (digits-shift is already loaded)."""

@@ -77,6 +77,11 @@ class Views:
     strong: ViewFn
 
 
+# lambda = 0.1 for both alignment penalties, as WILDS has them on camelyon17, poverty and ogb-molpcba (datasets.yaml;
+# DANN's also on iwildcam, CORAL's on fmow): the embedded datasets' choice, declared once for all of them.
+USUAL_ALIGNMENT_PENALTIES: Mapping[str, Mapping[str, Any]] = {"dann": {"penalty": 0.1}, "coral": {"penalty": 0.1}}
+
+
 @dataclass(frozen=True)
 class TrainDefaults:
     """How this dataset is trained when the user says nothing (WILDS 1.0 configs for real data)."""

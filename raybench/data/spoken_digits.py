@@ -70,6 +70,7 @@ from torch import Tensor
 from raybench.data import DATASETS
 from raybench.data.base import (
     LABELED_SPLITS,
+    USUAL_ALIGNMENT_PENALTIES,
     MissingSourceError,
     ShiftDataset,
     Task,
@@ -472,11 +473,8 @@ def load_spoken_digits(data_dir: Path, seed: int, plan: Plan = SPLIT_PLAN,
         splits=splits,
         metrics={"acc": accuracy_metric, "macro_f1": macro_f1_metric},
         selection_metric="val/acc",
-        defaults=TrainDefaults(
-            model="dabs_transformer_small", optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=64, epochs=10,
-            unlabeled_ratio=3, unlabeled_split="test_unlabeled",
-            algorithm_hparams={"dann": {"penalty": 0.1}, "coral": {"penalty": 0.1}},
-        ),
+        # TrainDefaults' own: Adam at lr 1e-3, no weight decay, batch 64, 10 epochs, k = 3 from test_unlabeled.
+        defaults=TrainDefaults(model="dabs_transformer_small", algorithm_hparams=USUAL_ALIGNMENT_PENALTIES),
         views=SignalViews().as_views(),
         domain_names=DOMAIN_NAMES,
         input_shape=(N_BANDS, N_FRAMES),
