@@ -243,6 +243,16 @@ RETRIES = 4  # after MLflow's own HTTP retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES)
 TRANSIENT = ("database is locked", "database table is locked", "Max retries exceeded", "Connection refused",
              "Connection reset", "Read timed out", "RemoteDisconnected", "error code 429", "error code 500",
              "error code 502", "error code 503", "error code 504")
+# urllib3's NewConnectionError: no TCP connection was made, so no byte of the request left. Any call, create_run
+# included, is safe to send again; a lost response (a read timeout, a reset after sending) is not.
+NEVER_SENT = "Failed to establish a new connection"
+# A tracking server that refuses connections (stopped, restarting) is waited for this long by a background
+# client (the trial-run writer) before its call fails: a server down for a minute or a few costs a sweep nothing.
+OUTAGE_S = 300.0
+OUTAGE_BACKOFF_S = 0.5  # its first wait, doubled on each refusal up to OUTAGE_BACKOFF_MAX_S
+OUTAGE_BACKOFF_MAX_S = 5.0  # so the writer is back within seconds of the server, not after MLflow's 2-minute backoff
+PROBE_IDLE_S = 1.0  # a background call after this long without one first checks that the server takes connections
+PROBE_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -284,15 +294,70 @@ def is_transient(err: Exception) -> bool:
     return any(marker in str(err) for marker in TRANSIENT)
 
 
+def never_sent(err: Exception) -> bool:
+    """Whether the request provably never reached the server (the connection itself failed)."""
+    return isinstance(err, ConnectionRefusedError) or NEVER_SENT in str(err)
+
+
+def server_address(uri: str | None) -> tuple[str, int] | None:
+    """(host, port) of an http(s) tracking URI that MLflow reaches directly; None for a local store (no server to
+    be down) and for one reached through a proxy (HTTP(S)_PROXY), where the host may refuse what the proxy gets."""
+    parts = urllib.parse.urlsplit(uri or "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    if parts.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(parts.hostname):
+        return None
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def refuses_connections(address: tuple[str, int]) -> bool:
+    """Whether the server refuses a TCP connection: it is down. A timeout or an unreachable network proves
+    nothing (a slow or distant server), and is left to the call and its retries."""
+    try:
+        with socket.create_connection(address, timeout=PROBE_TIMEOUT_S):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+class OutageWait:
+    """One call's wait for a server that refuses connections: a capped backoff, OUTAGE_S in all from the first
+    refusal. MLflow's own HTTP client also retries a refused connection, but its backoff doubles to two minutes,
+    so after a one-minute outage it could sit idle for another minute; this one looks again every few seconds."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.waits = 0
+
+    def another(self) -> bool:
+        """Sleep the next backoff and say True, or say False once OUTAGE_S have passed since the first refusal."""
+        now = time.monotonic()
+        self.started = now if self.started is None else self.started
+        if now - self.started >= OUTAGE_S:
+            return False
+        time.sleep(min(OUTAGE_BACKOFF_S * 2 ** self.waits, OUTAGE_BACKOFF_MAX_S))
+        self.waits += 1
+        return True
+
+
 class CountedClient:
     """An MlflowClient whose every call is counted and timed in PROCESS_STATS; idempotent calls that meet a
     transient error (a locked SQLite file, a refused or dropped connection, a 5xx) are tried again with a
-    backoff, so a busy store slows a sweep down instead of losing a trial's record."""
+    backoff, so a busy store slows a sweep down instead of losing a trial's record.
+
+    A `background` client (the trial-run writer's, which the sweep does not wait on) also outlasts a server that
+    is down: any call whose connection is refused, create_run included (its request never arrived), is tried
+    again for up to OUTAGE_S, and a call after an idle spell first waits, the same way, until the server at
+    `uri` takes connections, so it never enters MLflow's own slower retries when the server is known to be down."""
 
     BACKOFF_S = 0.5
 
-    def __init__(self, client: MlflowClient, background: bool = False) -> None:
+    def __init__(self, client: MlflowClient, background: bool = False, uri: str | None = None) -> None:
         self._client, self._background = client, background
+        self._address = server_address(uri) if background else None
+        self._last_call = -math.inf  # when this client's last call ended (time.monotonic)
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._client, name)
@@ -316,14 +381,33 @@ class CountedClient:
         return counted
 
     def _call(self, name: str, method: Any, args: tuple, kwargs: dict) -> Any:
-        for attempt in range(RETRIES + 1):
+        outage, attempt = OutageWait(), 0
+        while True:
+            if self._server_down() and outage.another():
+                continue
             try:
                 return method(*args, **kwargs)
             except Exception as err:
+                if self._background and never_sent(err) and outage.another():
+                    PROCESS_STATS.retried += 1
+                    continue
                 if name not in IDEMPOTENT or attempt == RETRIES or not is_transient(err):
                     raise
                 PROCESS_STATS.retried += 1
                 time.sleep(self.BACKOFF_S * 2 ** attempt)
+                attempt += 1
+            finally:
+                self._last_call = time.monotonic()
+
+    def _server_down(self) -> bool:
+        """Whether a background client's server refuses connections, looked at only after an idle spell: a call
+        right after another finds the server as that one did, and a busy writer pays no extra round trip."""
+        if self._address is None or time.monotonic() - self._last_call < PROBE_IDLE_S:
+            return False
+        down = refuses_connections(self._address)
+        if not down:
+            self._last_call = time.monotonic()
+        return down
 
 
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -340,11 +424,26 @@ class SweepTracker:
     """A sweep's view of MLflow: its parent run, its child runs and its artifacts."""
 
     def __init__(self, uri: str, experiment: str = EXPERIMENT, background: bool = False) -> None:
-        check_reachable(uri)
+        """A foreground tracker checks the store at once, so a sweep fails fast before any training. A
+        `background` one (the trial-run writer's, made when a stage's first trial starts) asks nothing of the
+        store until its first write, in the writer's thread, which waits out a server that is down."""
+        if not background:
+            check_reachable(uri)
         self.uri = credentials_to_environment(uri)
-        self.client = CountedClient(MlflowClient(tracking_uri=self.uri), background)
-        self.experiment_id = self._experiment(experiment)
+        self.client = CountedClient(MlflowClient(tracking_uri=self.uri), background, self.uri)
+        self._experiment_name = experiment
+        self._experiment_id = None if background else self._experiment(experiment)
         self.parent_id: str | None = None
+
+    @property
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            self._experiment_id = self._experiment(self._experiment_name)
+        return self._experiment_id
+
+    @experiment_id.setter
+    def experiment_id(self, value: str) -> None:
+        self._experiment_id = value
 
     def _experiment(self, name: str) -> str:
         """The experiment's id, created as a model-training experiment (or marked one, if an older raybench
@@ -592,6 +691,9 @@ class TrialRunWriter:
     killed outright (SIGKILL) leaves writes the store never got, and writing again those it did get changes
     nothing (runs are found by key, metrics keep their time, tags and statuses are set to the same values). A
     write that fails for good stops the writer: the sweep ends with that error, and `--resume` writes the rest.
+    A tracking server that is down is no such failure: the writer's client waits for it (OUTAGE_S, CountedClient)
+    and the sweep goes on meanwhile, so a server stopped for a minute in a stage costs nothing; the writer only
+    asks the store for anything in its own thread, never when Tune's callback makes it at a stage's start.
     One writer per stage journal in a process: a copy of Tune's callback restored from its experiment state
     finds the same one."""
 

@@ -96,6 +96,7 @@ def restore_torch_threads():
 
 
 # ----- processes the tests start: private temp dirs, stopped by their own paths ------------------------
+import contextlib
 import shutil
 import signal
 import socket
@@ -358,6 +359,38 @@ def tiny_text_dataset():
         views=_identity_views(), domain_names=("d0",), input_shape=(32,)), capabilities=frozenset({"features", "text"}))
 
 
+def start_mlflow_server(db: Path, artifacts: Path, port: int, wait_s: float = 120) -> subprocess.Popen:
+    """A real `mlflow server` on 127.0.0.1:`port` over the SQLite file `db`, listening when this returns. It runs
+    in a process group of its own (its leader's pid), so stop_mlflow_server stops its workers with it."""
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{db}", "--artifacts-destination", str(artifacts)],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError("the MLflow server exited during start-up") from None
+            time.sleep(0.5)
+    stop_mlflow_server(proc)
+    raise AssertionError(f"the MLflow server did not listen within {wait_s:.0f} s")
+
+
+def stop_mlflow_server(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's own process group (the one start_mlflow_server made), SIGKILL after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 @pytest.fixture
 def mlflow_server(tmp_path, empty_store):
     """A real MLflow server on 127.0.0.1 (it ignores the basic-auth header a URI with credentials sends)."""
@@ -365,24 +398,6 @@ def mlflow_server(tmp_path, empty_store):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
-                             "--artifacts-destination", str(tmp_path / "server-artifacts")],
-                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            assert proc.poll() is None, "the MLflow server exited during start-up"
-            time.sleep(0.5)
-    else:
-        raise AssertionError("the MLflow server did not listen within 120 s")
+    proc = start_mlflow_server(tmp_path / "server.db", tmp_path / "server-artifacts", port)
     yield f"http://127.0.0.1:{port}"
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    stop_mlflow_server(proc)

@@ -82,3 +82,88 @@ def test_a_sweep_tracker_counts_what_it_asks_of_a_real_store(stats, tmp_path):
     assert found.data.metrics == {"val/acc": 0.5} and found.info.status == "FINISHED"
     line = tracking_line(used.as_dict(), wall_s=used.seconds * 10, runs=1)
     assert line.startswith(f"Tracking: {used.calls} calls ({used.calls:.1f} a run), ") and "(10.0% of the wall time)" in line
+
+
+# ----- a tracking server that is down: the background writer waits for it ---------------------------------
+REFUSED = MlflowException("API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/create failed with exception "
+                          "HTTPConnectionPool(host='127.0.0.1', port=5000): Max retries exceeded (Caused by "
+                          "NewConnectionError('Failed to establish a new connection: [Errno 111] Connection refused'))")
+LOST = MlflowException("API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/create failed with exception "
+                       "HTTPConnectionPool(host='127.0.0.1', port=5000): Read timed out. (read timeout=120)")
+
+
+@pytest.fixture
+def no_waits(stats, monkeypatch):
+    monkeypatch.setattr(tracking, "OUTAGE_BACKOFF_S", 0.0)
+    return stats
+
+
+def test_the_outage_budget_covers_minutes_and_looks_again_within_seconds():
+    assert tracking.OUTAGE_S >= 60 and tracking.OUTAGE_BACKOFF_MAX_S <= 10
+
+
+def test_a_background_create_run_whose_connection_was_refused_is_sent_again(no_waits):
+    """The request never reached the server, so sending it again cannot make a second run."""
+    store = FlakyStore(3, REFUSED)
+    assert CountedClient(store, background=True).create_run("experiment") == "create_run"
+    assert store.calls == ["create_run"] * 4 and (no_waits.retried, no_waits.failed) == (3, 0)
+
+
+def test_a_create_run_whose_response_was_lost_is_never_sent_again(no_waits):
+    store = FlakyStore(1, LOST)
+    with pytest.raises(MlflowException, match="Read timed out"):
+        CountedClient(store, background=True).create_run("experiment")
+    assert store.calls == ["create_run"]
+
+
+def test_the_sweeps_own_calls_leave_a_refused_create_run_to_mlflow(no_waits):
+    """In the foreground MLflow's own HTTP retries are the only ones: a sweep starting against a server that is
+    down fails instead of waiting minutes."""
+    store = FlakyStore(1, REFUSED)
+    with pytest.raises(MlflowException, match="Connection refused"):
+        CountedClient(store).create_run("experiment")
+    assert store.calls == ["create_run"]
+
+
+def test_a_refusal_past_the_outage_budget_fails_the_call(no_waits, monkeypatch):
+    monkeypatch.setattr(tracking, "OUTAGE_S", 0.0)
+    store = FlakyStore(99, REFUSED)
+    with pytest.raises(MlflowException, match="Connection refused"):
+        CountedClient(store, background=True).create_run("experiment")
+    assert store.calls == ["create_run"] and no_waits.failed == 1
+
+
+def test_a_background_call_after_an_idle_spell_waits_until_the_server_takes_connections(no_waits, monkeypatch):
+    """It never enters MLflow's own retries, whose backoff doubles to two minutes, while the server is down."""
+    answers = iter([True, True, False])  # refused twice, then listening
+    looked = []
+
+    def refuses(address):
+        looked.append(address)
+        return next(answers)
+
+    monkeypatch.setattr(tracking, "refuses_connections", refuses)
+    store = FlakyStore(0, REFUSED)
+    client = CountedClient(store, background=True, uri="http://127.0.0.1:5000")
+    assert client.log_batch("run") == "log_batch" and store.calls == ["log_batch"]
+    assert looked == [("127.0.0.1", 5000)] * 3
+    assert client.log_batch("run") == "log_batch" and len(looked) == 3, "a call right after another looks not again"
+
+
+def test_refuses_connections_tells_a_listening_port_from_a_closed_one():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = server.getsockname()
+        assert not tracking.refuses_connections(address)
+    assert tracking.refuses_connections(address)
+
+
+def test_a_server_behind_a_proxy_is_never_probed_directly(monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert tracking.server_address("http://mlflow.example:5000") is None
+    monkeypatch.setenv("NO_PROXY", "mlflow.example")
+    assert tracking.server_address("http://mlflow.example:5000") == ("mlflow.example", 5000)
+    assert tracking.server_address("sqlite:///mlflow.db") is None

@@ -144,3 +144,18 @@ def test_a_callback_tune_restores_resumes_and_shares_the_stages_writer(sweep):
     restored = pickle.loads(pickle.dumps(original))
     assert not original.resuming and restored.resuming and restored.journal == journal
     assert restored.writer is original.writer
+
+
+def test_a_writer_made_while_the_server_is_down_asks_nothing_of_it(tmp_path):
+    """Tune's callback makes a stage's writer when the stage's first trial starts, in Tune's loop: a server that
+    is down then must not fail the sweep or hold the loop. The writer asks the store only in its own thread."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    writer = TrialRunWriter.for_stage(f"http://127.0.0.1:{port}", "parent", tmp_path / tracking.TRIAL_JOURNAL,
+                                      resuming=False)
+    try:
+        assert writer.tracker._experiment_id is None and writer.error is None
+    finally:
+        TrialRunWriter.close_all()
