@@ -42,7 +42,7 @@ PHASES = ("interpreter and CLI import", "driver imports (torch, Ray, MLflow)", "
           "training (data, model, 2 epochs)", "last report to the search's return", "record (summary, plots, artifacts)",
           "Ray shutdown", "rest until exit")
 START_PHASES = PHASES[:7]  # the sweep's start: everything before its first trainer started
-TRIAL_MODULE = "raybench.sweep.ray_backend"  # what a trial's worker imports to run the trial
+TRIAL_MODULE = "raybench.sweep.ray_trial"  # what a trial's process imports to unpickle its trainable
 
 
 def timed(owner: Any, name: str, marks: dict[str, list[float]]) -> None:

@@ -16,7 +16,7 @@ configs one after another in this process. It prints
   CPU-seconds of the sweep process itself (Tune, the searcher, MLflow);
 - how many Ray worker processes the sweep's local Ray started (each a fresh Python importing Ray).
 
-`--ablate` measures the Train executor's start-up savings (raybench.sweep.ray_backend.TrainPath) each on its
+`--ablate` measures the Train executor's start-up savings (raybench.sweep.ray_trial.TrainPath) each on its
 own: one short sweep (`--ablate-trials` trials of `--ablate-epochs` epochs, one at a time so the other slot
 does not compete) with Ray's defaults, then one per saving switched on alone, then all of them; and, in
 fresh interpreters, what importing the sweep backend costs with and without torchvision and scikit-learn

@@ -1,4 +1,4 @@
-"""How raybench shapes each Ray Train run (raybench.sweep.ray_backend.TrainPath): the callback it drops must
+"""How raybench shapes each Ray Train run (raybench.sweep.ray_trial.TrainPath): the callback it drops must
 be the one the installed Ray Train really creates, or the saving silently disappears."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from raybench.sweep.ray_backend import DEFAULT_TRAIN_PATH, ShapedDataParallelTrainer, ShapedTorchTrainer, TrainPath
+from raybench.sweep.ray_backend import DEFAULT_TRAIN_PATH
+from raybench.sweep.ray_trial import ShapedDataParallelTrainer, ShapedTorchTrainer, TrainPath
 from tests.conftest import stop_processes_under
 
 
@@ -71,7 +72,7 @@ class InstantRun:
 
 
 def _relayed(config: dict) -> None:
-    from raybench.sweep.ray_backend import ReportRelay
+    from raybench.sweep.ray_trial import ReportRelay
 
     relay = ReportRelay()
     error = RuntimeError("the run failed after its reports") if config["fail"] else None

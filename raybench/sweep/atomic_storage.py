@@ -8,7 +8,7 @@ whose every new file goes to a temporary name, is fsynced and only then renamed 
 raybench.paths.write_atomically) a failed upload leaves the previous version of each file or none, and its
 temporary file is removed, so the space it took is free again for the writes that follow.
 
-Imported only where Ray already is (ray_backend): Arrow's file system module costs most of a second.
+Imported only where Ray already is (ray_backend, ray_trial): Arrow's file system module costs most of a second.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The Ray backend: with its half ray_worker.py, the only code that imports Ray Tune and Ray Train (their
-APIs move between releases).
+"""The Ray backend: with its halves ray_trial.py and ray_worker.py, the only code that imports Ray Tune and Ray
+Train (their APIs move between releases).
 
 Two executors run the very same raybench `Trainer`:
 - `train` (default): each Tune trial is a small driver function that fits a Ray Train `TorchTrainer`
@@ -13,6 +13,10 @@ Two executors run the very same raybench `Trainer`:
 How a Train-executor trial starts and ends is `TrainPath`: each of its settings is a measured saving of
 per-trial start-up or teardown (benchmarks/README.md, "Sweep overhead").
 
+What runs inside each Tune trial's process (the two trainables, the trial's reporter and records) lives in
+ray_trial.py, which imports neither Optuna nor Tune's searchers and schedulers: Tune unpickles it in every trial
+process. This module builds each trainable (`make_trainable`: its TrialSpec and resource request) and keeps what
+runs in the sweep's own process: connecting, the searcher and scheduler, the callbacks and `collect`.
 What runs inside Ray Train's own controller and worker processes (the worker loop, its reporter, the report
 callback) lives in ray_worker.py, which imports neither Tune's searchers nor torch: Train unpickles it in
 every process it starts.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -36,11 +41,11 @@ import re
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -53,43 +58,34 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 import optuna
 import ray
-import ray.train
-import ray.train.torch
 from ray import tune
 from ray._common.utils import get_default_ray_temp_dir
-from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
-from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
-from ray.util.queue import Empty as QueueEmpty
-from ray.util.queue import Queue as RayQueue
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raybench.budget import BUDGET_PREFIX
-from raybench.paths import StorageFull, disk_full_errno_in, inside, write_text_atomically
+from raybench.paths import StorageFull, disk_full_errno_in, inside
 from raybench.records import TrialRecord, TrialStatus
-from raybench.report_keys import BEST_PREFIX, BLIND_INFO, GPU_S, NODE, NOTE_INFO, SELECTION_BEST, TIME_PREFIX, WALL_S
+from raybench.report_keys import BEST_PREFIX, BLIND_INFO, NODE, NOTE_INFO, SELECTION_BEST, TIME_PREFIX
 from raybench.sweep.atomic_storage import atomic_local_filesystem
 from raybench.sweep.errors import ClusterError
 from raybench.sweep.leftovers import forget_driver, record_driver, stop_dead_drivers_leftovers
 from raybench.sweep.progress import StageProgress
-from raybench.sweep.ray_worker import (
-    EPOCHS_DONE,
-    FAILURE_KEY,
-    REPORTED_AT,
-    STAGES_KEY,
-    TRAINER_STARTED_AT,
-    TrainReporter,
-    TrialClock,
-    WorkersReportCallback,
-    deterministic_failure,
-    fit,
-    flat_report,
-    train_worker_loop,
+from raybench.sweep.ray_trial import (  # the types a trial is made of are the driver's too
+    STOPPED_KEY,
+    TIMING_REPORT,
+    CompletedRuns,
+    EarlyStopping,
+    Resources,
+    StopRequests,
+    TrainPath,
+    TrialSpec,
+    function_trial,
+    train_driver,
 )
+from raybench.sweep.ray_worker import EPOCHS_DONE, FAILURE_KEY, STAGES_KEY
 from raybench.sweep.sampling import SAMPLERS, first_unseen, optuna_distribution
-from raybench.sweep.space import ResolvedSpace, run_key
-from raybench.trainer import EpochReport
+from raybench.sweep.space import ResolvedSpace, RunIdentity
 
 # Tune's "`process_trial_result` took 0.8 s, which may be a performance bottleneck" (the MLflow callback's
 # sqlite commit on a busy 2-core machine): timing hints for Tune's developers, not the user's console.
@@ -97,103 +93,6 @@ logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
 
 DRIVER_RESOURCE = "trial_driver"
 EXECUTORS = ("train", "function")
-TIMING_REPORT = "trial_timing"  # marks a finished run's record (reported again only when a resume replays it)
-STOPPED_KEY = "stopped_early"  # in a finished run's record: an early-stopping scheduler ended it
-
-
-@dataclass(frozen=True)
-class TrainPath:
-    """How each Train-executor trial starts and ends. The defaults are the measured savings; each can be
-    switched back so benchmarks/sweep_overhead.py --ablate measures it on its own.
-
-    - reuse_driver: Tune keeps each trial's driver process (and its imports of torch, Ray Train and
-      raybench) for the next trial instead of starting a new one.
-    - health_check_interval_s: Train's controller polls its workers this often (Ray's default 2 s); the end
-      of every run waits for a poll, and a report queued behind an untaken one waits too. But every poll
-      costs CPU in the controller and the worker for as long as the run lasts, which on a real dataset is
-      hours: 0.5 s keeps most of the teardown saving for a fraction of 0.1 s's polling cost (both measured).
-    - process_group_for_one_worker: a TorchTrainer always builds a gloo/NCCL process group, even for one
-      worker that talks to no one; without it a one-worker trial is a DataParallelTrainer (the same Train
-      run, controller, worker, checkpoints and retries, minus the torch backend's set-up).
-    - train_extras: Ray Train's own metrics and its chdir into the trial folder, which raybench never reads.
-    - dataset_manager: Ray Train starts a DatasetManager actor (a fresh process importing Ray Train) for
-      every run, to shard Ray Datasets; raybench's trainer reads its own data and passes none. (The run's
-      other helper, the detached PlacementGroupCleaner, stays: it frees the run's CPUs if the controller
-      dies ungracefully, which Ray itself did not do while the job lived.)
-    """
-
-    reuse_driver: bool = True
-    health_check_interval_s: float = 0.5
-    process_group_for_one_worker: bool = False
-    train_extras: bool = False
-    dataset_manager: bool = False
-
-    def env(self) -> dict[str, str]:
-        """Settings Ray Train reads from the driver's environment when a run starts (and passes on)."""
-        env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": f"{self.health_check_interval_s:g}"}
-        flag = "1" if self.train_extras else "0"
-        env.update({"RAY_TRAIN_METRICS_ENABLED": flag, "RAY_CHDIR_TO_TRIAL_DIR": flag})
-        return env
-
-
-def shaped_callbacks(callbacks: list[Any], path: TrainPath) -> list[Any]:
-    """Ray Train's default callbacks for one run, without the DatasetsCallback (which starts the
-    DatasetManager actor) unless `path` asks for it."""
-    return [c for c in callbacks if path.dataset_manager or not isinstance(c, DatasetsCallback)]
-
-
-class ShapedRun:
-    """Mixin for Ray Train's trainers: the run's default callbacks pass through `shaped_callbacks`.
-    `_create_default_callbacks` is Ray Train 2.60's own hook for them (private: tests/test_train_path.py
-    checks against the installed Ray that the callbacks it shapes are still there)."""
-
-    def __init__(self, *args: Any, train_path: TrainPath, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.train_path = train_path
-
-    def _create_default_callbacks(self) -> list[Any]:
-        return shaped_callbacks(super()._create_default_callbacks(), self.train_path)
-
-
-class ShapedDataParallelTrainer(ShapedRun, DataParallelTrainer):
-    """A one-worker run without a process group (see TrainPath.process_group_for_one_worker)."""
-
-
-class ShapedTorchTrainer(ShapedRun, ray.train.torch.TorchTrainer):
-    """A data-parallel run with torch's process group (gloo on CPU, NCCL on GPU)."""
-
-
-class TrialFailed(RuntimeError):
-    """A trial that ended without a result (diverged or crashed past its retries); the reason is the message."""
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What each trial asks of the cluster. `custom` adds custom resources to every worker's request (name,
-    amount): `(("raybench_worker", 1.0),)` places each worker on a node that offers it, such as the worker
-    nodes cluster/local-up.sh adds."""
-
-    workers: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    max_failures: int = 2
-    custom: tuple[tuple[str, float], ...] = ()
-    per_trial: tuple[tuple[str, float], ...] = ()  # held once by each trial, whatever its workers: a queue's slot
-
-    def per_worker(self) -> dict[str, float]:
-        """One worker's request in Ray's resource names."""
-        return {"CPU": self.cpus_per_worker, "GPU": self.gpus_per_worker, **dict(self.custom)}
-
-
-@dataclass(frozen=True)
-class EarlyStopping:
-    """ASHA (asynchronous successive halving, Li et al. 2020) over a search: at rungs of `grace_period`
-    x `reduction_factor`^k epochs, a trial whose best selection value so far (OOD validation by default)
-    is under the rung's top 1/`reduction_factor` is stopped. `max_epochs` is a run's length."""
-
-    grace_period: int
-    reduction_factor: float
-    max_epochs: int
 
 
 @dataclass(frozen=True)
@@ -213,6 +112,19 @@ class RunSpec:
     @property
     def stop_requests(self) -> StopRequests:
         return StopRequests(self.storage / self.name / "stop_requests")
+
+    @cached_property
+    def completed(self) -> CompletedRuns:
+        """The stage's completed-run records, the one store its trials write and its callbacks and `collect`
+        read (a frozen dataclass without slots keeps a cached_property's value in its __dict__)."""
+        return CompletedRuns(self.storage / self.name / "completed")
+
+    def with_callbacks(self, *callbacks: Any) -> RunSpec:
+        """The same stage told to `callbacks`, which read its records and so are made after it: its completed-run
+        store is the one they were given, not a copy."""
+        spec = dataclasses.replace(self, callbacks=callbacks)
+        spec.__dict__["completed"] = self.completed
+        return spec
 
 
 DEFAULT_TRAIN_PATH = TrainPath()
@@ -403,91 +315,7 @@ def shutdown() -> None:
             forget_driver(session)
 
 
-# ----- reporting from inside a trial ---------------------------------------------------------------------
-def trial_timing(started: float, last: dict[str, Any], gpus: float) -> dict[str, float]:
-    """The run's wall seconds (`started`: the driver's start, by the wall clock) split into start-up, time in
-    the trainer (`time/trial_s`) and teardown, and the GPU-seconds it held (`gpus` for all of its wall time)."""
-    now = time.time()
-    wall = now - started
-    return {WALL_S: wall, f"{TIME_PREFIX}startup_s": float(last.get(TRAINER_STARTED_AT, now)) - started,
-            f"{TIME_PREFIX}teardown_s": now - float(last.get(REPORTED_AT, now)), GPU_S: wall * gpus}
-
-
-def _finish(completed: CompletedRuns, key: str, last: dict[str, Any], started: float, gpus: float,
-            stopped: bool) -> None:
-    """Record the finished run: the last epoch's report plus its timing, and whether a scheduler stopped it
-    early. Tune has had every report already (ReportRelay); the sweep's callbacks and `collect` read this
-    record, which also lets a resumed sweep replay the run instead of training it again."""
-    completed.save(key, {**last, **trial_timing(started, last, gpus), STOPPED_KEY: stopped, TIMING_REPORT: True})
-
-
-class TuneReporter(TrainReporter):
-    """In a plain Tune function trial: the same reports through `tune.report`; keeps the last one."""
-
-    def __init__(self, stop_file: str | None = None) -> None:
-        self.facts = {}
-        self.stages = []
-        self.last: dict[str, Any] = {}
-        self.clock = TrialClock()
-        self.stop_file = stop_file
-
-    def on_epoch_end(self, report: EpochReport) -> None:
-        self.last = flat_report(report, self.facts, self.clock, self.stages)
-        with tempfile.TemporaryDirectory() as tmp:
-            report.write_checkpoint(Path(tmp))
-            self.clock.report(lambda: tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp)))
-
-
-def _raise_if_failed(metrics: dict[str, Any] | None) -> None:
-    if metrics and FAILURE_KEY in metrics:
-        raise TrialFailed(metrics[FAILURE_KEY])
-
-
-class CompletedRuns:
-    """Final results of finished runs, one JSON file per run key, written atomically.
-
-    Tune saves its experiment state only every so often, so a sweep killed just after a trial finished
-    may restore that trial as unfinished. Its driver then finds the record here and reports it again
-    (marked `replayed`) instead of training again: finished work is never repeated.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def _path(self, key: str) -> Path:
-        return self.directory / f"{key}.json"
-
-    def load(self, key: str) -> dict[str, Any] | None:
-        path = self._path(key)
-        return json.loads(path.read_text()) if path.is_file() else None
-
-    def save(self, key: str, metrics: dict[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(self._path(key), json.dumps(metrics, default=str))
-
-
-class StopRequests:
-    """An early-stopping scheduler's decisions, one empty file per stopped Tune trial under the sweep's storage
-    (which every node of a multi-node cluster shares, as Ray Train's checkpoints require).
-
-    Tune's own stop kills the trial's driver in the middle of its Ray Train run, which leaves the run's
-    workers and placement group behind. Instead the trial reads its file after each epoch's report and ends
-    there as a finished run: its best epoch so far is its result, its curve so far stays in MLflow."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def path(self, trial_id: str) -> Path:
-        return self.directory / trial_id
-
-    def ask(self, trial_id: str) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.path(trial_id).touch()
-
-    def asked(self, trial_id: str) -> bool:
-        return self.path(trial_id).exists()
-
-
+# ----- early stopping: Tune's ASHA decides, the trial itself stops (StopRequests) -----------------------------
 class CooperativeASHA(AsyncHyperBandScheduler):
     """Tune's ASHA, counting rungs in epochs on the best selection value so far, whose STOP becomes a stop
     request (StopRequests) the trial honours after its epoch rather than a kill."""
@@ -506,135 +334,28 @@ class CooperativeASHA(AsyncHyperBandScheduler):
         return TrialScheduler.CONTINUE
 
 
-def stopped_early(spec: RunSpec, trial_id: str, last: dict[str, Any]) -> bool:
-    """Whether the scheduler asked this trial to stop and it ended before its last epoch because of it."""
-    rule = spec.early_stopping
-    return bool(rule and spec.stop_requests.asked(trial_id) and int(last.get(EPOCHS_DONE, 0)) < rule.max_epochs)
-
-
-def _stop_file(spec: RunSpec, trial_id: str) -> str | None:
-    return str(spec.stop_requests.path(trial_id)) if spec.early_stopping else None
-
-
-def _replay_if_done(completed: CompletedRuns, key: str) -> bool:
-    record = completed.load(key)
-    if record is None:
-        return False
-    tune.report({**record, "replayed": True})
-    return True
-
-
-def _keep(metrics: dict[str, Any] | None) -> dict[str, Any]:
-    return {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
-
-
-class ReportRelay:
-    """Passes a Ray Train run's reports to Tune from the trial driver's own thread, while `fit()` runs in a
-    second thread: every report, the last one included, reaches Tune before the driver function returns and
-    Tune's end-of-trial marker follows it (see ray_worker.WorkersReportCallback for the deadlock it avoids)."""
-
-    POLL_S = 0.5  # how long one wait on the queue lasts before the fit thread is looked at again
-
-    def __init__(self) -> None:
-        # On the driver's own node, as Ray Train places the run's controller: a queue that landed on another
-        # node would die with it and fail the trial, where the run itself is retried from its checkpoint.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.queue = RayQueue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-
-    def callback(self) -> WorkersReportCallback:
-        return WorkersReportCallback(self.queue)
-
-    def fit(self, trainer: Any) -> Any:
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                outcome["result"] = trainer.fit()
-            except BaseException as err:  # noqa: BLE001  re-raised in the driver thread, after the reports it left
-                outcome["error"] = err
-
-        thread = threading.Thread(target=run, name="raybench-train-fit", daemon=True)
-        thread.start()
-        while thread.is_alive() or not self.queue.empty():  # a report is queued before fit() can return
-            try:
-                tune.report(self.queue.get(timeout=self.POLL_S))
-            except QueueEmpty:
-                continue
-        thread.join()
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["result"]
+# ----- the trials: what ray_trial.py runs, built here ----------------------------------------------------------
+def trial_spec(space: ResolvedSpace, spec: RunSpec) -> TrialSpec:
+    """What each trial of the stage is told: values and ray_trial's types only, so that Tune's pickle of the
+    trainable names nothing of this module (a trial process would import it, Optuna and all, to unpickle it)."""
+    return TrialSpec(space, spec.stage, spec.completed, spec.stop_requests, spec.storage / spec.name / "train",
+                     spec.resources, spec.train_path, spec.early_stopping)
 
 
 def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:
-    """The Tune trainable for `spec.executor`, with its resource request."""
+    """The Tune trainable for `spec.executor`, with its resource request: ray_trial's trainable bound to the
+    stage's TrialSpec. Tune names the trainable (its trial folders, and what `Tuner.restore` checks) by the
+    function's name, `train_driver` or `function_trial`, as when they were closures here."""
     resources = spec.resources
-    completed = CompletedRuns(spec.storage / spec.name / "completed")
-
-    path = spec.train_path
-    with_process_group = resources.workers > 1 or path.process_group_for_one_worker
-    trainer_class = ShapedTorchTrainer if with_process_group else ShapedDataParallelTrainer
-
-    def train_driver(sampled: dict[str, Any]) -> None:
-        started = time.time()
-        config = space.materialize(sampled)
-        key = run_key(config, spec.stage)
-        if _replay_if_done(completed, key):
-            return
-        os.environ.update(path.env())  # read by Train when the run starts, in this process and passed on
-        trial_id = tune.get_context().get_trial_id()
-        name = f"{key}-{trial_id}"
-        relay = ReportRelay()
-        trainer = trainer_class(
-            train_worker_loop,
-            train_loop_config={"config": config, "threads": resources.cpus_per_worker,
-                               "stop_file": _stop_file(spec, trial_id)},
-            scaling_config=ray.train.ScalingConfig(
-                num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0,
-                resources_per_worker=resources.per_worker(),
-            ),
-            run_config=ray.train.RunConfig(
-                name=name, storage_path=str(spec.storage / spec.name / "train"),
-                storage_filesystem=atomic_local_filesystem(),  # Train's checkpoints whole or not at all
-                callbacks=[relay.callback()],
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
-                failure_config=ray.train.FailureConfig(max_failures=resources.max_failures,
-                                                       controller_failure_limit=resources.max_failures),
-            ),
-            train_path=path,
-        )
-        result = relay.fit(trainer)
-        _raise_if_failed(result.metrics)
-        last = {**_keep(result.metrics), "checkpoint_path": result.checkpoint.path if result.checkpoint else None}
-        _finish(completed, key, last, started, resources.gpus_per_worker * resources.workers,
-                stopped_early(spec, trial_id, last))
-
-    def function_trial(sampled: dict[str, Any]) -> None:
-        started = time.time()
-        config = space.materialize(sampled)
-        key = run_key(config, spec.stage)
-        if _replay_if_done(completed, key):
-            return
-        trial_id = tune.get_context().get_trial_id()
-        reporter = TuneReporter(_stop_file(spec, trial_id))
-        try:
-            fit(config, reporter, tune.get_checkpoint(), int(resources.cpus_per_worker))
-        except Exception as err:
-            failure = deterministic_failure(err)  # a retry (FailureConfig) would meet it again
-            if failure is None:
-                raise
-            completed.save(key, failure)
-            tune.report(failure)
-            return
-        last = _keep(reporter.last)
-        _finish(completed, key, last, started, resources.gpus_per_worker, stopped_early(spec, trial_id, last))
-
+    trial = trial_spec(space, spec)
     if spec.executor == "train":
-        return tune.with_resources(train_driver, {"cpu": 0, DRIVER_RESOURCE: 1, **dict(resources.per_trial)})
+        return tune.with_resources(functools.partial(train_driver, trial),
+                                   {"cpu": 0, DRIVER_RESOURCE: 1, **dict(resources.per_trial)})
     if resources.workers != 1:
         raise ValueError("--executor function runs single-worker trials; use --executor train for several workers")
-    return tune.with_resources(function_trial, {"cpu": resources.cpus_per_worker, "gpu": resources.gpus_per_worker,
-                                                 **dict(resources.custom), **dict(resources.per_trial)})
+    return tune.with_resources(functools.partial(function_trial, trial),
+                               {"cpu": resources.cpus_per_worker, "gpu": resources.gpus_per_worker,
+                                **dict(resources.custom), **dict(resources.per_trial)})
 
 
 MAX_RUN_NAME = 120
@@ -780,14 +501,30 @@ def run_replicates(space: ResolvedSpace, spec: RunSpec, sampled: dict[str, Any],
 
 # ----- MLflow: a Tune callback in the sweep's own process --------------------------------------------------
 class RunRecords:
-    """The completed-run record (CompletedRuns) of a Tune trial of one stage: its timing and whether it was
-    stopped early, which the sweep's callbacks read when the trial completes."""
+    """The runs of one stage as the sweep's callbacks see them: each Tune trial's RunIdentity, made at its first
+    event and shared by the callbacks that hold these records, and its completed-run record (CompletedRuns: its
+    timing and whether it was stopped early), read when the trial completes.
+
+    Tune pickles the callbacks, and these records with them: the identities are rebuilt, not saved."""
 
     def __init__(self, completed: CompletedRuns, space: ResolvedSpace, stage: str) -> None:
         self.completed, self.space, self.stage = completed, space, stage
+        self._identities: dict[str, RunIdentity] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_identities"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({**state, "_identities": {}})
+
+    def identity(self, trial: Any) -> RunIdentity:
+        """The run the Tune trial stands for (its config and key)."""
+        if trial.trial_id not in self._identities:
+            self._identities[trial.trial_id] = RunIdentity.of(self.space, trial.config, self.stage)
+        return self._identities[trial.trial_id]
 
     def for_trial(self, trial: Any) -> dict[str, Any]:
-        return self.completed.load(run_key(self.space.materialize(trial.config), self.stage)) or {}
+        return self.completed.load(self.identity(trial).key) or {}
 
 
 class TrackingCallback(tune.Callback):
@@ -835,20 +572,17 @@ class TrackingCallback(tune.Callback):
 
         self.writer.submit(RunWrite(WriteKind(kind), key, timestamp_ms=now_ms(), **fields))
 
-    def _key(self, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        materialized = self.space.materialize(config)
-        return run_key(materialized, self.stage), materialized
-
     def _run(self, trial: Any) -> str:
         """The key of the trial's run, opened (handed to the writer) at the trial's first event."""
         if trial.trial_id not in self.runs:
-            key, config = self._key(trial.config)
-            tags = {**self.tags, "stage": self.stage, "trial_id": key.split("-seed")[0], "seed": str(config["seed"]),
+            run = self.records.identity(trial)
+            seed = run.config["seed"]
+            tags = {**self.tags, "stage": self.stage, "trial_id": run.trial_id, "seed": str(seed),
                     "tune_trial_id": trial.trial_id}
-            name = readable_run_name(self.stage, key, {k: v for k, v in trial.config.items() if k in self.space.search},
-                                     config["seed"])
-            self._submit("open", key, run_name=name, params=config, tags=tags)
-            self.runs[trial.trial_id] = key
+            name = readable_run_name(self.stage, run.key,
+                                     {k: v for k, v in trial.config.items() if k in self.space.search}, seed)
+            self._submit("open", run.key, run_name=name, params=run.config, tags=tags)
+            self.runs[trial.trial_id] = run.key
         return self.runs[trial.trial_id]
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -1052,22 +786,19 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
 
     A trial counts as finished only when its driver wrote its completed record: one that Tune stopped
     on an interrupt has reported some epochs but is `interrupted`, never `ok`."""
-    from raybench.sweep.space import trial_id
-
-    completed = CompletedRuns(spec.storage / spec.name / "completed")
     records = []
     for index, result in enumerate(grid):
         metrics = dict(result.metrics or {})
         sampled = {k: v for k, v in (result.config or {}).items()}
-        config = space.materialize(sampled)
-        record = completed.load(run_key(config, spec.stage))
+        run = RunIdentity.of(space, sampled, spec.stage)
+        record = spec.completed.load(run.key)
         metrics = _with_record(metrics, record)
         reason = _reason(result, metrics, record is not None)
         status = _status(reason, record)
         records.append(TrialRecord(
             order=_order(result, metrics, index),
-            trial_id=trial_id(config),
-            seed=config.get("seed", 0),
+            trial_id=run.trial_id,
+            seed=run.config.get("seed", 0),
             sampled=sampled,
             status=status,
             failure_reason=reason,

@@ -3,8 +3,9 @@ and the report callback its controller calls.
 
 Ray Train starts a controller and a worker process per run and unpickles these there, importing this
 module by name. So it imports Ray Train alone: not Tune's searchers, Optuna or the experiment code of
-ray_backend.py (which imports this), and the raybench trainer (torch) only inside the worker loop, where it
-runs. The controller then never imports torch. Measured in benchmarks/README.md ("Sweep overhead").
+ray_backend.py, nor the trial code of ray_trial.py (both import this), and the raybench trainer (torch) only
+inside the worker loop, where it runs. The controller then never imports torch. Measured in
+benchmarks/README.md ("Sweep overhead").
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class WorkersReportCallback(UserCallback):
     which deadlocks (Ray 2.60) when the run's last report is still queued as the driver function returns:
     Tune's wrapper then reports its end marker from the driver thread into the same one-slot queue, and the
     main thread blocks forever putting the last report behind it. The trial stays RUNNING with its last epoch
-    lost. The driver (ray_backend.ReportRelay) reports from its own thread, so the marker comes last."""
+    lost. The driver (ray_trial.ReportRelay) reports from its own thread, so the marker comes last."""
 
     def __init__(self, queue: Any) -> None:
         self.queue = queue
@@ -112,7 +113,7 @@ def with_workers_cpu(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class StopRequestReader(Callback):
-    """Ends the run when its stop-request file exists (raybench.sweep.ray_backend.StopRequests): an early-
+    """Ends the run when its stop-request file exists (raybench.sweep.ray_trial.StopRequests): an early-
     stopping scheduler's decision, honoured after the epoch that was reported, so the run ends as finished."""
 
     stop_file: str | None = None

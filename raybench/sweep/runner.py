@@ -378,13 +378,14 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
 
     def spec(stage: str, total: int, suffix: str = "", early_stopping: Any = None) -> Any:
         name = f"{prepared.name}-{stage}{suffix}"
-        records = backend.RunRecords(backend.CompletedRuns(prepared.storage / name / "completed"), prepared.space, stage)
+        run = backend.RunSpec(name, prepared.storage, stage, opts.executor, resources, opts.max_concurrent,
+                              early_stopping=early_stopping)
+        records = backend.RunRecords(run.completed, prepared.space, stage)
         callback = backend.TrackingCallback(tracker, prepared.space, stage, tags, records,
                                             journal=prepared.storage / name / TRIAL_JOURNAL, resuming=opts.resume)
         progress = backend.ProgressCallback(StageProgress(STAGE_TITLES[stage], total, prepared.selection_metric),
                                             records, say=announce)
-        return backend.RunSpec(name, prepared.storage, stage, opts.executor, resources,
-                               opts.max_concurrent, (callback, progress), early_stopping=early_stopping)
+        return run.with_callbacks(callback, progress)
 
     asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
     search = spec("search", opts.trials if prepared.space.search else 1, early_stopping=asha)

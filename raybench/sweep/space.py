@@ -165,8 +165,30 @@ def trial_id(config: Mapping[str, Any]) -> str:
 
 def run_key(config: Mapping[str, Any], stage: str) -> str:
     """The identity of one run: the trial id, plus the seed for replicates (same config, several seeds)."""
-    key = trial_id(config)
+    return _seeded(trial_id(config), config, stage)
+
+
+def _seeded(key: str, config: Mapping[str, Any], stage: str) -> str:
+    """A replicate's key carries its seed: the stage runs one config under several seeds."""
     return f"{key}-seed{config['seed']}" if stage == "replicate" else key
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """One run, made once from what Tune sampled: its full trainer config, its trial id and its key (the trial
+    id, plus the seed in the replicate stage). The trial, the sweep's callbacks and `collect` all name the run by
+    `key` (its completed record, its MLflow run): deriving it in one place keeps them naming the same run."""
+
+    config: dict[str, Any]
+    trial_id: str
+    key: str
+
+    @classmethod
+    def of(cls, space: ResolvedSpace, sampled: Mapping[str, Any], stage: str) -> RunIdentity:
+        """The run Tune's `sampled` config (a trial's config) stands for in `stage`; hashed once."""
+        config = space.materialize(sampled)
+        identity = trial_id(config)
+        return cls(config, identity, _seeded(identity, config, stage))
 
 
 # ----- parsing and validation -------------------------------------------------------------------
