@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from raybench.code_memo import code_text
 from raybench.exits import OneLineParser, Signals, UsageError, run_command
 from raybench.flag_types import assignment, positive_float, positive_int, seed_int
 from raybench.records import PairState
@@ -36,12 +37,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.algorithm is not None:
         raise UsageError(f"list {args.what}: expected no second argument (only `list settings ALGORITHM` takes one), "
                          f"got {args.algorithm!r}")
-    registry = listed_registry(args.what)
+    print(code_text(f"list {args.what}", lambda: registry_listing(listed_registry(args.what))))
+    return 0
+
+
+def registry_listing(registry: Registry[Any]) -> str:
+    """Each entry's name and what it is (its docstring's first line), one per line."""
     names = registry.names()
     width = max(len(n) for n in names)
-    for name in names:
-        print(f"{name:{width}s}  {registry.summary(name)}".rstrip())
-    return 0
+    return "\n".join(f"{name:{width}s}  {registry.summary(name)}".rstrip() for name in names)
 
 
 def listed_registry(what: str) -> Registry[Any]:
@@ -62,26 +66,33 @@ def listed_registry(what: str) -> Registry[Any]:
 
 def list_settings(algorithm: str | None) -> int:
     """Every trainer setting, then the hyperparameters of `algorithm` (of every algorithm when None), as their
-    dataclasses declare them."""
+    dataclasses declare them. The text depends on the code alone, so it is computed once per code version
+    (raybench.code_memo): the dataclasses live in modules that import torch."""
+    from raybench.algorithms import ALGORITHMS
+
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise UsageError(f"list settings: {ALGORITHMS.unknown(algorithm)}")
+    names = [algorithm] if algorithm is not None else ALGORITHMS.names()
+    print(code_text(f"list settings {' '.join(names)}", lambda: settings_text(names)))
+    return 0
+
+
+def settings_text(algorithms: list[str]) -> str:
+    """The trainer's settings table, then each algorithm's hyperparameter table, then how defaults resolve."""
     from raybench.algorithms import ALGORITHMS
     from raybench.settings import settings_of, settings_table
     from raybench.sweep.space import OWN_FLAGS
     from raybench.trainer import TrainConfig
 
-    try:
-        names = [ALGORITHMS.get(algorithm).name] if algorithm is not None else ALGORITHMS.names()
-    except UnknownNameError as err:
-        raise UsageError(f"list settings: {err}") from None
     trainer = [s for s in settings_of(TrainConfig) if s.name != "hparams"]
     own_flags = {name: f"a sweep sets it: {flag}" for name, flag in OWN_FLAGS.items()}
     tables = [settings_table("trainer settings (--set KEY=VALUE; a search space's search, fixed, derived)", trainer,
                              own_flags)]
     tables += [settings_table(f"{name} hyperparameters ({ALGORITHMS.get(name).Hparams.__name__})",
-                              settings_of(ALGORITHMS.get(name).Hparams), {}) for name in names]
-    print("\n\n".join(tables))
-    print("\nDefaults are the dataclasses'; a dataset may supply its own value for any hyperparameter (its "
-          "algorithm_hparams).\n`raybench space show SPACE --dataset D` prints a space's values on a dataset.")
-    return 0
+                              settings_of(ALGORITHMS.get(name).Hparams), {}) for name in algorithms]
+    return ("\n\n".join(tables) + "\n\nDefaults are the dataclasses'; a dataset may supply its own value for any "
+            "hyperparameter (its algorithm_hparams).\n`raybench space show SPACE --dataset D` prints a space's "
+            "values on a dataset.")
 
 
 # ----- raybench train ---------------------------------------------------------------------------
@@ -413,6 +424,12 @@ def _config_blame(err: Any, args: argparse.Namespace, space: Any) -> UsageError:
     return UsageError(f"{space.path}: {err.key}, as the space resolves on {args.dataset}: {err.detail}")
 
 
+def _new_space_text(algorithm: str) -> str:
+    from raybench.sweep.authoring import new_space_text
+
+    return new_space_text(algorithm)
+
+
 def cmd_space_show(args: argparse.Namespace) -> int:
     from raybench.sweep.authoring import describe
     from raybench.trainer import ConfigError
@@ -435,12 +452,11 @@ def cmd_space_draw(args: argparse.Namespace) -> int:
 
 
 def cmd_space_new(args: argparse.Namespace) -> int:
-    from raybench.sweep.authoring import new_space_text
+    from raybench.algorithms import ALGORITHMS
 
-    try:
-        text = new_space_text(args.algorithm)
-    except UnknownNameError as err:
-        raise UsageError(f"space new: {err}") from None
+    if args.algorithm not in ALGORITHMS:
+        raise UsageError(f"space new: {ALGORITHMS.unknown(args.algorithm)}")
+    text = code_text(f"space new {args.algorithm}", lambda: _new_space_text(args.algorithm))
     if args.output is None:
         print(text, end="")
         return 0

@@ -78,8 +78,11 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            known = ", ".join(self.names()) or "(none)"
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; known: {known}") from None
+            raise self.unknown(name) from None
+
+    def unknown(self, name: str) -> UnknownNameError:
+        """The error for a name no entry has, listing the names that do exist (nothing is imported for it)."""
+        return UnknownNameError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names()) or '(none)'}")
 
     def summary(self, name: str) -> str:
         """The first line of the entry's docstring (`raybench list`), read from its source while its module is

@@ -60,6 +60,14 @@ def make_tiny_dataset(n_train: int = 128, n_eval: int = 48, n_unlabeled: int = 1
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def code_memo_dir(tmp_path_factory) -> Any:
+    """raybench's code memo (raybench.code_memo) in this session's temporary folder, for every command a test
+    runs, in its process or a child: a test never reads or fills the memo in the user's home."""
+    os.environ["RAYBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("code-memo"))
+    yield Path(os.environ["RAYBENCH_CACHE_DIR"])
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset() -> ShiftDataset:
     return make_tiny_dataset()
