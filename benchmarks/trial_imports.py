@@ -72,9 +72,10 @@ def python(code: str, tree: Path, *args: str) -> str:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
-def export(revision: str, into: Path) -> Path:
-    """The raybench package of `revision`, extracted into `into` (nothing in this checkout changes)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "raybench"], capture_output=True,
+def export(revision: str, into: Path, paths: tuple[str, ...] = ("raybench",)) -> Path:
+    """The raybench package of `revision` (and any other `paths` of the repository), extracted into `into`
+    (nothing in this checkout changes)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, *paths], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
