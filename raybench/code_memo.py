@@ -10,7 +10,9 @@ WILDS datasets' table), so editing or adding a module (a new algorithm) changes 
 format) is recomputed; one that cannot be written (a read-only home) only costs the next run the imports again.
 
 Where: `$RAYBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/raybench`, else `~/.cache/raybench`; one JSON file per
-code version, `code-memo-<version>.json`, written atomically.
+code version, `code-memo-<version>.json`, written atomically. Only the KEPT most recently written versions stay,
+so a developer whose every edit is a new version does not fill the folder, and one who switches between a few
+checkouts keeps each one's memo.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from raybench.paths import write_text_atomically
 
 PACKAGE = Path(__file__).resolve().parent
 FORMAT = 1  # bump when the file's layout changes: an older file is then another version's, never misread
+KEPT = 8  # memo files kept, the most recently written
 
 
 @cache
@@ -60,9 +63,17 @@ def code_text(key: str, compute: Callable[[], str]) -> str:
     try:
         memo_dir().mkdir(parents=True, exist_ok=True)
         write_text_atomically(memo_file(), json.dumps(texts, indent=1, sort_keys=True))
+        _forget_old_versions()
     except OSError:
         pass  # a memo is an optimisation: the command's answer is the same without one
     return text
+
+
+def _forget_old_versions() -> None:
+    """Remove all but the KEPT most recently written memo files (this version's is the newest)."""
+    memos = sorted(memo_dir().glob("code-memo-*.json"), key=lambda path: path.stat().st_mtime, reverse=True)
+    for old in memos[KEPT:]:
+        old.unlink(missing_ok=True)
 
 
 def _read_memo() -> dict[str, object]:

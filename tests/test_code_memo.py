@@ -2,6 +2,7 @@
 that code, and never read for another version, nor from a damaged file."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -92,6 +93,18 @@ def test_a_memo_that_cannot_be_written_still_answers(package, tmp_path, monkeypa
     assert code_memo.code_text("space new erm", compute) == "space text"
     assert code_memo.code_text("space new erm", compute) == "space text"
     assert compute.calls == 2
+
+
+def test_only_the_most_recently_written_versions_are_kept(package, monkeypatch):
+    monkeypatch.setattr(code_memo, "KEPT", 3)
+    written = []
+    for edit in range(5):
+        (package / "algorithms" / "erm.py").write_text(f"LR = {edit}\n")
+        new_version()
+        code_memo.code_text("list settings", Computations(f"text {edit}"))
+        written.append(code_memo.memo_file())
+        os.utime(written[-1], (edit, edit))  # written in this order, whatever the file system's clock resolution
+    assert sorted(code_memo.memo_dir().glob("code-memo-*.json")) == sorted(written[-3:])
 
 
 def test_the_memo_folder_follows_xdg_when_raybench_names_none(package, tmp_path, monkeypatch):
