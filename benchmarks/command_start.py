@@ -12,17 +12,15 @@ the goal.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from trial_imports import REPO, export
+from trial_imports import before_and_after
 
 BEFORE = "85f6c68"  # the last commit before the code memo
 GOAL_S = 1.5
@@ -71,15 +69,7 @@ def show(seconds: dict[tuple[str, str], list[tuple[float, float]]], before: str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--before", default=BEFORE, help="the git revision to compare with (default: %(default)s)")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="command-start-") as tmp:
-        work = Path(tmp)
-        (work / "before").mkdir()
-        trees = {"before": export(args.before, work / "before", ("raybench", "search_spaces")), "after": REPO}
-        show(measure(trees, work, args.runs), args.before, args.runs)
+    before_and_after(__doc__, BEFORE, measure, show, ("raybench", "search_spaces"))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = "de09578"  # the last commit whose trainables were closures in ray_backend.py
@@ -116,16 +118,23 @@ def show(seconds: Timings, before: str, runs: int) -> None:
                       f"{min(old):.3f}-{max(old):.3f} | {min(new):.3f}-{max(new):.3f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def before_and_after(doc: str, before: str, measure: Callable[[dict[str, Path], Path, int], Any],
+                     show: Callable[[Any, str, int], None], paths: tuple[str, ...] = ("raybench",)) -> None:
+    """A before/after script's command line (`--runs`, `--before`): `measure` the raybench of `--before`,
+    exported with `paths` into a temporary folder, against this checkout's, then `show` what it measured."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--before", default=BEFORE, help="the git revision to compare with (default: %(default)s)")
+    parser.add_argument("--before", default=before, help="the git revision to compare with (default: %(default)s)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="trial-imports-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="before-after-") as tmp:
         work = Path(tmp)
         (work / "before").mkdir()
-        trees = {"before": export(args.before, work / "before"), "after": REPO}
+        trees = {"before": export(args.before, work / "before", paths), "after": REPO}
         show(measure(trees, work, args.runs), args.before, args.runs)
+
+
+def main() -> None:
+    before_and_after(__doc__, BEFORE, measure, show)
 
 
 if __name__ == "__main__":
