@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from raybench.sweep.benchmark import TRIAL_SLOT, BenchmarkOptions, Pair, SweepTarget, sweep_command
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
-from raybench.tracking import PARENT_TAG
+from raybench.tracking import PARENT_TAG, RESUME_TAG
 
 GRIDS = REPO / "benchmarks" / "grids"
 SMOKE = {"selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function", "smoke": True}
@@ -253,6 +253,10 @@ def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(store_uri, tmp_p
     client = MlflowClient(tracking_uri=uri)
     [erm_sweep] = runs_of(client, "tags.`raybench.sweep` = 'kill-erm-digits-shift'")
     erm_runs = {r.info.run_id for r in sweep_runs(client, erm_sweep.info.run_id)}
+    # A pair's sweep is resumed by resuming its benchmark: what `results` and `compare` say of it names that.
+    [bench_run] = runs_of(client, "tags.stage = 'benchmark'")
+    assert bench_run.data.tags[RESUME_TAG].startswith("raybench benchmark ")
+    assert erm_sweep.data.tags[RESUME_TAG] == bench_run.data.tags[RESUME_TAG]
     # Stale: the kill came after the first pair's record, before or after the second's launch was recorded.
     assert json.loads(state_file.read_text())["pairs"]["kill-coral-digits-shift"]["status"] in ("waiting", "running")
 

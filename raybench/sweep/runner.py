@@ -338,9 +338,12 @@ def run_sweep(prepared: Prepared) -> SweepSummary:
 def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
     """The sweep itself, by the driver holding `lock`, which its parent run names (LOCK_TAG)."""
     tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
+    resume_command = prepared.options.resume_command
     if prepared.options.parent_run:
         try:
-            tracker.check_parent_run(prepared.options.parent_run)
+            # A benchmark's sweep is resumed by resuming the benchmark: its own command would name the
+            # benchmark's private Ray, gone with it.
+            resume_command = tracker.check_parent_run(prepared.options.parent_run) or resume_command
         except TrackingError as err:  # before Ray starts, naming the flag
             raise OptionError(f"--parent-run: {err}") from None
     from raybench.sweep import ray_backend as backend  # Ray is imported only once everything is valid
@@ -353,8 +356,8 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
                                       per_trial=opts.trial_resources)
         backend.check_resources(resources, opts.executor, opts.autoscaling)
         tags = base_tags(opts.dataset, prepared.algorithm)
-        if opts.resume_command:
-            tags[RESUME_TAG] = opts.resume_command
+        if resume_command:
+            tags[RESUME_TAG] = resume_command
         tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags, parent_run=opts.parent_run)
         tracker.set_tags(tracker.parent_id, {LOCK_TAG: f"{lock.path} (host {lock.holder.host}, pid {lock.holder.pid})"})
         try:
