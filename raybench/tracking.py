@@ -484,7 +484,8 @@ class SweepTracker:
 
     def check_parent_run(self, run_id: str) -> str | None:
         """A parent run must exist in this store's experiment: a mistyped id would nest the sweep under nothing.
-        Returns the parent's resume command (a benchmark's parent run has one), else None."""
+        Returns the parent's resume command when the parent is a benchmark's run (a sweep nested in a benchmark
+        is resumed by resuming the benchmark), else None."""
         try:
             run = self.client.get_run(run_id)
         except Exception:  # noqa: BLE001  MLflow raises several types for an unknown or malformed id
@@ -492,7 +493,7 @@ class SweepTracker:
         if run.info.experiment_id != self.experiment_id:
             raise TrackingError(f"expected a run of the raybench experiment, got {run_id!r} (in experiment "
                                 f"{run.info.experiment_id})")
-        return run.data.tags.get(RESUME_TAG)
+        return run.data.tags.get(RESUME_TAG) if run.data.tags.get("stage") == "benchmark" else None
 
     def end_sweep(self, status: str, note: str | None = None) -> None:
         """Close the parent run; an interrupted sweep (KILLED) also closes every child still RUNNING, so no
