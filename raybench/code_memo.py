@@ -6,8 +6,9 @@ hyperparameter dataclass, every dataset's registration. Those declarations live 
 the WILDS datasets register in loops), so computing such a text costs seconds of imports for a few lines that
 change only when the code does. The first run computes the text and files it under the code's version: a hash
 of every file of the installed raybench package (its Python sources and the data files they read, such as the
-WILDS datasets' table), so editing or adding a module (a new algorithm) changes the version and the next run computes afresh. A memo that cannot be read (damaged, another version's
-format) is recomputed; one that cannot be written (a read-only home) only costs the next run the imports again.
+WILDS datasets' table), so editing or adding a module (a new algorithm) changes the version and the next run
+computes afresh. A memo that cannot be read (damaged, another version's format) is recomputed; one that cannot be
+written (a read-only home) only costs the next run the imports again.
 
 Where: `$RAYBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/raybench`, else `~/.cache/raybench`; one JSON file per
 code version, `code-memo-<version>.json`, written atomically. Only the KEPT most recently written versions stay,
