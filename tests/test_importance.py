@@ -158,3 +158,15 @@ def test_a_failing_fanova_is_a_reason_and_the_summary_is_still_written(monkeypat
     assert found.shares == {} and {p.reason for p in found.params} == {
         "fANOVA failed: ValueError: the forest would not fit"}
     assert "not rated: fANOVA failed" in markdown(sweep())
+
+
+def test_a_blind_selection_is_the_first_caveat_in_the_table_and_under_the_chart():
+    """A sweep whose selection metric never moved (Noisy Student on digits-shift in the embedded Table 2) still
+    gets importances, which then split noise: the table, summary.md and the chart, read alone, must say so."""
+    why = "every trial's selection metric never moved"
+    summary = replace(sweep(n=10), selection_blind=why)
+    found = importances(summary)
+    assert found.notes[0] == f"the selection was blind ({why}): these shares rate noise, not the hyperparameters"
+    assert found.notes[0] in "\n".join(table_lines(found)) and found.notes[0] in markdown(summary)
+    assert found.notes[0] in plots._importance_caveats(found)  # the footer under importance.png
+    assert not any("blind" in note for note in importances(sweep(n=10)).notes)  # a sweep that could see: no caveat

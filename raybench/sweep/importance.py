@@ -111,10 +111,13 @@ def importances(summary: SweepSummary, scales: Mapping[str, str] | None = None) 
 
 
 def caveats(summary: SweepSummary, counted: list[TrialRecord]) -> list[str]:
-    """What was left out, how trials ASHA stopped are counted, and whether so few trials make rough numbers."""
+    """Whether the selection was blind, what was left out, how trials ASHA stopped are counted, and whether so few
+    trials make rough numbers. A blind selection comes first: its values never told the configs apart, so a
+    forest fit to them rates noise, and a chart shown without `raybench results` beside it must say so."""
     kept = {id(t) for t in counted}
     left = Counter(_left_out_why(t) for t in summary.trials if id(t) not in kept)
-    notes = ["left out: " + ", ".join(f"{n} {why}" for why, n in sorted(left.items()))] if left else []
+    notes = [blind_note(summary.selection_blind)] if summary.selection_blind else []
+    notes += ["left out: " + ", ".join(f"{n} {why}" for why, n in sorted(left.items()))] if left else []
     stopped = sum(t.status == TrialStatus.STOPPED for t in counted)
     if stopped:
         notes.append(f"{stopped} trials stopped early (ASHA) count with their best epoch's value; with fewer epochs "
@@ -123,6 +126,11 @@ def caveats(summary: SweepSummary, counted: list[TrialRecord]) -> list[str]:
         notes.append(f"{len(counted)} trials make rough importances: a forest fit to so few points can credit noise; "
                      "trust the order of large shares, not the decimals")
     return notes
+
+
+def blind_note(why: str) -> str:
+    """The caveat for a sweep whose selection could not tell its configs apart (SweepSummary.selection_blind)."""
+    return f"the selection was blind ({why}): these shares rate noise, not the hyperparameters"
 
 
 def _left_out_why(trial: TrialRecord) -> str:
