@@ -1,16 +1,20 @@
 """A benchmark's one trial queue against the static split it replaced, side by side in one run.
 
-Runs the same benchmark file twice through `raybench benchmark`, each time on a fresh private Ray on this host:
-- **static split**: a Ray that declares no trial queue, joined with `--address`, where each running sweep gets
+Runs the same benchmark file through `raybench benchmark` once per mode, each time on a fresh Ray on this host:
+- **static split** (`static`): raybench as it was before the queue reached `--address` (`--before`, exported to
+  a temporary folder and put first on the PYTHONPATH of the benchmark, its sweeps and the Ray they join), on a
+  Ray that declares no trial queue, joined with `--address`: each running sweep gets
   `max_concurrent_trials // sweeps_at_once` trials for its whole life (what every benchmark did before);
-- **one queue**: the benchmark's own private Ray, which declares `max_concurrent_trials` slots of raybench_slot
-  that every trial holds while it runs, each sweep allowed the whole cap.
+- **one queue** (`queue`): the benchmark's own private Ray, which declares `max_concurrent_trials` slots of
+  raybench_slot that every trial holds while it runs, each sweep allowed the whole cap;
+- **one queue at --address** (`slots`): this checkout on a Ray that declares no queue, joined with `--address`:
+  the queue is the benchmark's slot folder on this host (raybench/sweep/trial_slots.py).
 
 For each it prints the wall time, the busy slot-seconds (the sum of every run's wall seconds, as the runs' own
 completed records give them) and the slot utilisation, busy / (cap x wall). Goal (issue #24): utilisation
 >= 0.90 with the queue, and a lower wall time than the static split's in the same run.
 
-    .venv/bin/python benchmarks/trial_queue.py [GRID] [--order static,queue]
+    .venv/bin/python benchmarks/trial_queue.py [GRID] [--order static,queue,slots] [--before REVISION]
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+BEFORE = "7c2696c"  # the last commit whose benchmark split its cap statically at --address
 
 
 @dataclass(frozen=True)
@@ -60,15 +65,24 @@ def run_benchmark(grid: Path, root: Path, address: str | None, env: dict[str, st
     return time.monotonic() - started, code
 
 
-def measure(mode: str, grid: Path, cap: int, root: Path) -> Measured:
-    """`static`: a Ray without the queue started here, the benchmark joined to it; `queue`: its own."""
+def measure(mode: str, grid: Path, cap: int, root: Path, before: Path) -> Measured:
+    """`static` and `slots`: a Ray without the queue started here, the benchmark joined to it (`static` running
+    the exported `before` tree, in the benchmark and in Ray's workers); `queue`: the benchmark's own Ray."""
     from raybench.sweep import ray_backend as backend
 
     root.mkdir(parents=True)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    address = backend.start_shared_cluster(2 * cap, {}) if mode == "static" else None
+    if mode == "static":
+        env["PYTHONPATH"] = os.pathsep.join([str(before), *filter(None, [os.environ.get("PYTHONPATH")])])
+    saved = dict(os.environ)
+    os.environ.update(env)  # the Ray started here hands its workers this process's environment
     try:
-        wall, code = run_benchmark(grid, root, address, {**os.environ, **env})
+        address = backend.start_shared_cluster(2 * cap, {}) if mode != "queue" else None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        wall, code = run_benchmark(grid, root, address, env)
     finally:
         if address:
             backend.shutdown()
@@ -79,25 +93,30 @@ def measure(mode: str, grid: Path, cap: int, root: Path) -> Measured:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("grid", nargs="?", default=str(REPO / "benchmarks" / "grids" / "embedded.yaml"))
-    parser.add_argument("--order", default="static,queue", help="the modes, in the order they run")
+    parser.add_argument("--order", default="static,queue,slots", help="the modes, in the order they run")
+    parser.add_argument("--before", default=BEFORE, help="the revision whose static split `static` runs")
     args = parser.parse_args()
+    from trial_imports import export
+
     from raybench.sweep.benchmark_file import load_benchmark
 
     benchmark = load_benchmark(args.grid)
     root = Path(tempfile.mkdtemp(prefix="trial-queue-"))
+    before = export(args.before, Path(tempfile.mkdtemp(prefix="trial-queue-before-")), ("raybench", "search_spaces"))
     print(f"{benchmark.name}: {len(benchmark.pairs)} pairs, cap {benchmark.max_concurrent_trials}, "
           f"{benchmark.sweeps_at_once} sweeps at once; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs; files under {root}", flush=True)
     results = []
     for mode in args.order.split(","):
-        results.append(measure(mode, Path(args.grid).resolve(), benchmark.max_concurrent_trials, root / mode))
+        results.append(measure(mode, Path(args.grid).resolve(), benchmark.max_concurrent_trials, root / mode, before))
         r = results[-1]
         print(f"{r.mode:7s} exit {r.exit_code}  wall {r.wall_s:8.1f} s  busy {r.busy_slot_s:8.1f} slot-s over "
               f"{r.runs} runs  utilisation {r.utilisation:.3f}", flush=True)
     by_mode = {r.mode: r for r in results}
-    if {"static", "queue"} <= by_mode.keys():
-        print(f"queue / static wall: {by_mode['queue'].wall_s / by_mode['static'].wall_s:.3f}; "
-              f"utilisation goal >= 0.90 with the queue: {'met' if by_mode['queue'].utilisation >= 0.90 else 'missed'}")
+    for queued in ("queue", "slots"):
+        if {"static", queued} <= by_mode.keys():
+            print(f"{queued} / static wall: {by_mode[queued].wall_s / by_mode['static'].wall_s:.3f}; utilisation goal "
+                  f">= 0.90 with {queued}: {'met' if by_mode[queued].utilisation >= 0.90 else 'missed'}")
 
 
 if __name__ == "__main__":

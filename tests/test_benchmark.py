@@ -17,7 +17,7 @@ import yaml
 from conftest import BIN, REPO, cli, on_head, processes_under, run_cli
 from mlflow import MlflowClient
 
-from raybench.sweep.benchmark import TRIAL_SLOT, BenchmarkOptions, Pair, SweepTarget, sweep_command
+from raybench.sweep.benchmark import SLOTS_FOLDER, TRIAL_SLOT, BenchmarkOptions, Pair, SweepTarget, sweep_command
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.tracking import PARENT_TAG, RESUME_TAG
 
@@ -204,20 +204,28 @@ def _most_at_once(intervals: list[tuple[float, float]]) -> int:
     return most
 
 
-def test_on_its_private_ray_a_benchmarks_sweeps_share_one_trial_queue(store_uri, tmp_path, sweep_env):
+@pytest.mark.parametrize("cluster", ["private", "address"])
+def test_a_benchmarks_sweeps_share_one_trial_queue(cluster, store_uri, tmp_path, request):
     """Cap 2, two sweeps at once, one of which its own check refuses at once: the slot it leaves is the coral
-    sweep's to take, which then runs two trials at a time. The static split (one trial a sweep) never would."""
+    sweep's to take, which then runs two trials at a time. The static split (one trial a sweep) never would.
+    On its private Ray the queue is a custom resource of the node; on a cluster at --address (the session's
+    head) a folder of slot files beside benchmark.json."""
     body = {"name": "q", **SMOKE, "max_concurrent_trials": 2, "sweeps_at_once": 2,
             "grid": [{"datasets": ["digits-shift"], "spaces": [str(broken_erm_space(tmp_path, "digits-shift")), "coral"]}],
             "pairs": [{"dataset": "digits-shift", "space": "coral", "trials": 3}]}
     path = write_yaml(tmp_path / "bench.yaml", body)
     runs = tmp_path / "runs"
-    result = run_cli(["benchmark", str(path), "--storage", str(runs), "--tracking-uri", store_uri,
-                      "--progress-every", "5"], sweep_env, tmp_path, timeout=900)
+    args = ["benchmark", str(path), "--storage", str(runs), "--tracking-uri", store_uri, "--progress-every", "5"]
+    if cluster == "private":
+        env, queue_words = request.getfixturevalue("sweep_env"), f"--trial-resource {TRIAL_SLOT}=1"
+    else:
+        head = request.getfixturevalue("ray_head")
+        args, env, queue_words = on_head(args, head), head.env, f"--trial-slots {runs / 'q' / SLOTS_FOLDER}"
+    result = run_cli(args, env, tmp_path, timeout=900)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # the broken pair
     assert "1 of 2 pairs finished, 1 failed" in result.stdout
     coral_log = (runs / "q" / "logs" / "q-coral-digits-shift.log").read_text()
-    assert f"--max-concurrent 2 --trial-resource {TRIAL_SLOT}=1" in coral_log, coral_log[:2000]
+    assert f"--max-concurrent 2 {queue_words}" in coral_log, coral_log[:2000]
     coral = _run_intervals(runs, "q-coral-digits-shift")
     assert len(coral) == 4 and _most_at_once(coral) == 2, coral
 

@@ -36,6 +36,7 @@ NON_DEFAULT: dict[str, Any] = {
     "gpus_per_worker": 0.5,
     "worker_resources": (("raybench_worker", 1.0), ("gpu_slot", 0.125)),
     "trial_resources": (("raybench_slot", 1.0),),
+    "trial_slots": str(REPO / "tests" / "stored" / "trial-slots"),  # a benchmark's slot folder, as the parser requires
     "address": "127.0.0.1:6379",
     "tracking_uri": "http://127.0.0.1:5000",
     "storage": "/tmp/elsewhere/runs",
@@ -212,24 +213,26 @@ def a_benchmark(pair: Any, **changes: Any) -> Any:
     return dataclasses.replace(benchmark, **changes)
 
 
-# (pair changes, benchmark changes, queued, resume)
+# (pair changes, benchmark changes, the trial queue: None, "resource" (a private Ray) or "slots" (--address), resume)
 PAIRS = {
-    "defaults": ({}, {}, False, False),
-    "smoke, queued": ({}, {"smoke": True}, True, False),
+    "defaults": ({}, {}, None, False),
+    "smoke, queued": ({}, {"smoke": True}, "resource", False),
     "everything set": ({"replicates": 3, "fixed": {"lr": 0.1, "augment": False, "model_weights": None}},
-                       {"selection": "id_val", "seed": 7, "executor": "function", "smoke": True}, True, True),
-    "replicates 0 at an address": ({"replicates": 0, "dataset": "spuco-digits"}, {}, False, True),
+                       {"selection": "id_val", "seed": 7, "executor": "function", "smoke": True}, "resource", True),
+    "replicates 0 at an address": ({"replicates": 0, "dataset": "spuco-digits"}, {}, "slots", True),
 }
+SLOTS = REPO / "tests" / "stored" / "trial-slots"
 
 
 @pytest.mark.parametrize("case", list(PAIRS))
 def test_the_benchmarks_command_for_a_pair_parses_back_to_the_options_the_pair_means(case, tmp_path):
     from raybench.sweep.benchmark import TRIAL_SLOT, BenchmarkOptions, SweepTarget, sweep_command
 
-    pair_changes, bench_changes, queued, resume = PAIRS[case]
+    pair_changes, bench_changes, queue, resume = PAIRS[case]
     pair = a_pair(**pair_changes)
     benchmark = a_benchmark(pair, **bench_changes)
-    target = SweepTarget("127.0.0.1:1", "sqlite:///x.db", "parent", queued=queued)
+    target = SweepTarget("127.0.0.1:1", "sqlite:///x.db", "parent", queued=queue == "resource",
+                         slots=SLOTS if queue == "slots" else None)
     words = sweep_command(pair, benchmark, BenchmarkOptions(tmp_path, "sqlite:///x.db"), target, resume)
     assert words[:3] == [sys.executable, "-m", "raybench.sweep.command"]  # `raybench sweep`, without the CLI
     meant = SweepOptions(
@@ -238,8 +241,9 @@ def test_the_benchmarks_command_for_a_pair_parses_back_to_the_options_the_pair_m
         seed=benchmark.seed, selection=benchmark.selection, executor=benchmark.executor, smoke=benchmark.smoke,
         extra_fixed={"lr": "0.1", "augment": "false", "model_weights": "none"} if pair.fixed else {},
         parent_run="parent", resume=resume,
-        max_concurrent=benchmark.max_concurrent_trials if queued else benchmark.trials_per_sweep,
-        trial_resources=((TRIAL_SLOT, 1.0),) if queued else ())
+        max_concurrent=benchmark.max_concurrent_trials if queue else benchmark.trials_per_sweep,
+        trial_resources=((TRIAL_SLOT, 1.0),) if queue == "resource" else (),
+        trial_slots=str(SLOTS) if queue == "slots" else None)
     assert parsed(words[3:]) == meant
 
 

@@ -10,7 +10,11 @@ Trials of all pairs share the cluster through Ray's scheduler, in one queue: the
 `max_concurrent_trials` slots of TRIAL_SLOT, and every trial holds one while it runs (`--trial-resource`). Each of
 the `sweeps_at_once` sweeps may run up to the whole cap, so a slot one sweep leaves idle (down to its last
 replicate, or failed) is taken by another's waiting trial, and Ray never runs more trials than there are slots.
-A cluster at `--address` declares no queue: there each running sweep gets `max_concurrent_trials // sweeps_at_once`.
+A cluster at `--address` declares no such resource, and one declared on a node would pin every trial there; the
+pairs' sweeps all run on the benchmark's host, though, so there the queue is a folder of `max_concurrent_trials`
+slot files beside benchmark.json, and a sweep lets Tune create a trial only once it holds a free slot
+(`--trial-slots`; trial_slots.py, ray_backend.QueuedSearch). The one difference: on a `--resume` the trials Tune
+restores mid-run start without waiting for a slot, where Ray's scheduler would hold them in the queue.
 
 What is finished is read from each sweep's own results on disk, never from memory: a resumed benchmark
 never re-runs a finished pair, even one that finished after the benchmark itself was killed.
@@ -38,9 +42,11 @@ from raybench.sweep.errors import OptionError, SweepExists
 from raybench.sweep.options import SweepOptions, command_words, setting_word
 from raybench.sweep.progress import duration
 from raybench.sweep.results import write_text_atomically
+from raybench.sweep.trial_slots import make_slots
 
 STATE_FILE = "benchmark.json"
 TRIAL_SLOT = "raybench_slot"  # the custom resource of the benchmark's trial queue (the module docstring says how)
+SLOTS_FOLDER = "trial-slots"  # beside benchmark.json: the queue's slot files at --address
 INTERRUPTED_CODES = (130, 143)  # a sweep stopped by SIGINT or SIGTERM says so in its exit status
 STOP_GRACE_S = 300.0  # a sweep stopping on SIGTERM writes its partial results; then it is killed
 # The library's entry point for one sweep, which each pair's process runs (`python -m`): the `raybench sweep` a user
@@ -320,14 +326,17 @@ def pair_settings(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, t
             "trials": pair.trials, "replicates": pair.replicates, "seed": benchmark.seed,
             "selection": benchmark.selection, "executor": benchmark.executor, "smoke": benchmark.smoke,
             "extra_fixed": {key: setting_word(value) for key, value in pair.fixed.items()},
-            "parent_run": target.parent_run, "resume": resume, **concurrency(benchmark, target.queued)}
+            "parent_run": target.parent_run, "resume": resume, **concurrency(benchmark, target)}
 
 
-def concurrency(benchmark: Benchmark, queued: bool) -> dict[str, Any]:
-    """In the trial queue a sweep may run the whole cap, each trial holding one slot; without it (a cluster at
-    --address) a sweep runs its static share."""
-    if queued:
+def concurrency(benchmark: Benchmark, target: SweepTarget) -> dict[str, Any]:
+    """In the trial queue a sweep may run the whole cap, each trial holding one slot: of the private Ray's
+    TRIAL_SLOT resource, or of the slot folder on this host (a cluster at --address). Without either (a library
+    caller's target) a sweep runs its static share."""
+    if target.queued:
         return {"max_concurrent": benchmark.max_concurrent_trials, "trial_resources": ((TRIAL_SLOT, 1.0),)}
+    if target.slots is not None:
+        return {"max_concurrent": benchmark.max_concurrent_trials, "trial_slots": str(target.slots)}
     return {"max_concurrent": benchmark.trials_per_sweep}
 
 
@@ -435,8 +444,9 @@ def _run_pairs_on_cluster(benchmark: Benchmark, options: BenchmarkOptions, recor
     queued = options.address is None
     address = options.address or backend.start_shared_cluster(2 * benchmark.max_concurrent_trials,
                                                                {TRIAL_SLOT: benchmark.max_concurrent_trials})
+    slots = None if queued else make_slots(state_path.parent / SLOTS_FOLDER, benchmark.max_concurrent_trials)
     try:
-        target = SweepTarget(address, tracking_uri, parent, queued)
+        target = SweepTarget(address, tracking_uri, parent, queued, slots)
         PairRunner(benchmark, options, records, target, state_path, say).run()
     finally:
         if options.address is None:
@@ -452,6 +462,7 @@ class SweepTarget:
     tracking_uri: str
     parent_run: str
     queued: bool = False  # the cluster declares the benchmark's trial queue (its private Ray does)
+    slots: Path | None = None  # else the queue's slot folder on this host (trial_slots.py), at --address
 
 
 class PairRunner:
@@ -617,8 +628,7 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
     unchecked = {b.pair.sweep: b.unchecked for b in bindings if b.unchecked}
     lines = [(f"benchmark {benchmark.name} ({benchmark.path}): {len(benchmark.pairs)} sweeps, at most "
              f"{benchmark.max_concurrent_trials} trials at once (one queue for up to {benchmark.sweeps_at_once} "
-             f"sweeps at once; at --address {benchmark.sweeps_at_once} sweeps x {benchmark.trials_per_sweep} "
-             f"trials), selection {benchmark.selection}, executor {benchmark.executor}"
+             f"sweeps at once), selection {benchmark.selection}, executor {benchmark.executor}"
              f"{', smoke' if benchmark.smoke else ''}"), ""]
     for pair in benchmark.pairs:
         replicates = "the dataset's replicates" if pair.replicates is None else f"{pair.replicates} replicates"

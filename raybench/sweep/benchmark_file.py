@@ -100,8 +100,9 @@ class Benchmark:
 
     @property
     def trials_per_sweep(self) -> int:
-        """Each running sweep's static share of the benchmark's trial cap, on a cluster without its trial queue
-        (one at --address), so the running trials never exceed the cap."""
+        """Each running sweep's static share of the benchmark's trial cap, for a sweep target without a trial
+        queue (one a library caller builds; a benchmark's own runs always have one), so the running trials
+        never exceed the cap."""
         return max(1, self.max_concurrent_trials // self.sweeps_at_once)
 
 

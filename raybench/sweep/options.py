@@ -30,6 +30,7 @@ from raybench.flag_types import (
 from raybench.paths import safe_name
 from raybench.settings import default_of
 from raybench.sweep.errors import OptionError
+from raybench.sweep.trial_slots import slot_folder_problem
 
 METADATA_KEY = "raybench.sweep_option"
 
@@ -121,6 +122,14 @@ RESOURCES = Pairs(spell=number_word)  # resource_request already split NAME=AMOU
 SETTINGS = Pairs(spell=setting_word, split=assignment, mapping=True)  # split after parsing: see `assignment`
 
 
+def trial_slot_folder(text: str) -> str:
+    """--trial-slots: an existing folder that holds slot files (trial_slots.py)."""
+    problem = slot_folder_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 @dataclass
 class SweepOptions:
     """One sweep as `raybench sweep` takes it, its fields in the order `raybench sweep --help` lists their flags."""
@@ -146,6 +155,10 @@ class SweepOptions:
         (), flag="--trial-resource", parse=resource_request, repeats=RESOURCES, metavar="NAME=AMOUNT",
         help="a custom Ray resource each trial holds once while it runs, whatever its workers: `raybench benchmark` "
              "passes raybench_slot=1, its trial queue (repeatable)")
+    trial_slots: str | None = option(
+        None, flag="--trial-slots", parse=trial_slot_folder, metavar="FOLDER",
+        help="a folder of trial slots on this host that other sweeps share: a trial starts only once it holds a "
+             "free one (`raybench benchmark` passes its trial queue on a cluster at --address)")
     address: str | None = option(None, flag="--address", help="Ray cluster address ('auto' inside a submitted job); "
                                                               "default: a private local Ray")
     tracking_uri: str | None = option(None, flag="--tracking-uri", help="MLflow tracking URI; default: "

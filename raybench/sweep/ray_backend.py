@@ -61,6 +61,7 @@ import ray
 from ray import tune
 from ray._common.utils import get_default_ray_temp_dir
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
 from raybench.budget import BUDGET_PREFIX
@@ -86,6 +87,7 @@ from raybench.sweep.ray_trial import (  # the types a trial is made of are the d
 from raybench.sweep.ray_worker import EPOCHS_DONE, FAILURE_KEY, STAGES_KEY
 from raybench.sweep.sampling import SAMPLERS, first_unseen, optuna_distribution
 from raybench.sweep.space import ResolvedSpace, RunIdentity
+from raybench.sweep.trial_slots import TrialSlots
 
 # Tune's "`process_trial_result` took 0.8 s, which may be a performance bottleneck" (the MLflow callback's
 # sqlite commit on a busy 2-core machine): timing hints for Tune's developers, not the user's console.
@@ -108,6 +110,7 @@ class RunSpec:
     callbacks: tuple[Any, ...] = ()
     train_path: TrainPath = dataclasses.field(default_factory=lambda: DEFAULT_TRAIN_PATH)
     early_stopping: EarlyStopping | None = None  # None: every trial runs all of its epochs (FIFO)
+    trial_slots: Path | None = None  # a benchmark's trial queue on a cluster at --address (QueuedSearch)
 
     @property
     def stop_requests(self) -> StopRequests:
@@ -472,10 +475,11 @@ def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, s
     ) if space.search else None
 
     def make_tuner() -> tune.Tuner:
+        search, limit = _search_algorithm(searcher, spec)
         return tune.Tuner(
             trainable,
-            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=trials if searcher else 1,
-                                        max_concurrent_trials=spec.max_concurrent, scheduler=_scheduler(spec),
+            tune_config=tune.TuneConfig(search_alg=search, num_samples=trials if searcher else 1,
+                                        max_concurrent_trials=limit, scheduler=_scheduler(spec),
                                         reuse_actors=_reuse_actors(spec)),
             run_config=_run_config(spec),
         )
@@ -489,14 +493,114 @@ def run_replicates(space: ResolvedSpace, spec: RunSpec, sampled: dict[str, Any],
     trainable = make_trainable(space, spec)
 
     def make_tuner() -> tune.Tuner:
+        search, limit = _search_algorithm(None, spec)
         return tune.Tuner(
             trainable,
             param_space={**sampled, "seed": tune.grid_search(seeds)},
-            tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent, reuse_actors=_reuse_actors(spec)),
+            tune_config=tune.TuneConfig(search_alg=search, max_concurrent_trials=limit,
+                                        reuse_actors=_reuse_actors(spec)),
             run_config=_run_config(spec),
         )
 
     return _fit_or_resume(spec, trainable, make_tuner, resume)
+
+
+def _search_algorithm(searcher: Any, spec: RunSpec) -> tuple[Any, int | None]:
+    """What creates a stage's trials, and the `max_concurrent_trials` Tune is given with it. Without a trial queue:
+    the searcher (None: Tune's grid and random variants) and the stage's own limit, which Tune applies. In a
+    benchmark's queue at --address, Tune would ignore that limit beside a search algorithm that is not a bare
+    Searcher, so the same limit is applied inside QueuedSearch's wrapped algorithm and Tune is given none."""
+    if spec.trial_slots is None:
+        return searcher, spec.max_concurrent
+    inner = (SearchGenerator(ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)) if searcher is not None
+             else BasicVariantGenerator(max_concurrent=spec.max_concurrent))
+    return QueuedSearch(inner, TrialSlots(spec.trial_slots)), None
+
+
+class QueuedSearch(SearchAlgorithm):
+    """A stage's search algorithm (Optuna's, or the grid of replicate seeds) behind a benchmark's trial queue
+    (trial_slots.py): Tune gets a new trial only while this driver holds a free slot for it, and the slot is
+    freed when Tune ends the trial however it ends (finished, stopped, errored, removed), so the running
+    trials of all the benchmark's sweeps never exceed its cap, and a slot one sweep leaves idle is another's.
+
+    Tune asks for new trials on every step of its loop; a sweep with no trial of its own left to run asks once
+    a second, for up to 10 minutes, inside one step (TuneController._update_trial_queue), so that is where a
+    sweep whose slots others hold waits. Tune checks for a stop signal only between steps: once its handler
+    has caught one (it then puts back the handler it found, as `tune_caught_a_signal` reads), this search says
+    it is finished, which ends that wait at once, and the stage ends as interrupted, resumable.
+    The trials Tune restores on a `--resume` were created before: they start without a slot (the cap can be
+    exceeded by them until they end) and new trials wait for free slots as usual."""
+
+    PENDING = "(next trial)"
+
+    def __init__(self, inner: SearchAlgorithm, slots: TrialSlots) -> None:
+        super().__init__()
+        self.inner, self.slots = inner, slots
+        self._tune_handler: Any = None  # the SIGINT handler Tune's fit installed, seen at its first request
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tune_handler": None}  # a handler of this process's fit, and not picklable
+
+    def next_trial(self) -> Any:
+        if self._tune_handler is None:
+            self._tune_handler = signal.getsignal(signal.SIGINT)
+        if not self.slots.take(self.PENDING):
+            return None
+        trial = self.inner.next_trial()
+        if trial is None:
+            self.slots.give_back(self.PENDING)
+        else:
+            self.slots.hand_over(self.PENDING, trial.trial_id)
+        return trial
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        try:
+            self.inner.on_trial_complete(trial_id, result=result, error=error)
+        finally:
+            self.slots.give_back(trial_id)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self.inner.on_trial_result(trial_id, result)
+
+    # Everything else is the wrapped algorithm's own.
+    @property
+    def searcher(self) -> Any:
+        """The wrapped Searcher, where Tune looks for the ConcurrencyLimiter that sizes how many trials it lets
+        wait for resources at once (tune_controller._get_max_pending_trials); none for the grid: one at a time."""
+        return getattr(self.inner, "searcher", None)
+
+    @property
+    def metric(self) -> Any:
+        return self.inner.metric
+
+    @property
+    def total_samples(self) -> int:
+        return self.inner.total_samples
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+        return self.inner.set_search_properties(metric, mode, config, **spec)
+
+    def add_configurations(self, experiments: Any) -> None:
+        self.inner.add_configurations(experiments)
+
+    def is_finished(self) -> bool:
+        return self.inner.is_finished() or self._stop_signalled()
+
+    def _stop_signalled(self) -> bool:
+        """Whether Tune's fit caught a stop signal: its handler, installed for the fit, was replaced."""
+        return self._tune_handler is not None and signal.getsignal(signal.SIGINT) is not self._tune_handler
+
+    def set_finished(self) -> None:
+        self.inner.set_finished()
+
+    def has_checkpoint(self, dirpath: str) -> bool:
+        return self.inner.has_checkpoint(dirpath)
+
+    def save_to_dir(self, dirpath: str, **kwargs: Any) -> None:
+        self.inner.save_to_dir(dirpath, **kwargs)
+
+    def restore_from_dir(self, dirpath: str) -> None:
+        self.inner.restore_from_dir(dirpath)
 
 
 # ----- MLflow: a Tune callback in the sweep's own process --------------------------------------------------

@@ -382,7 +382,8 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
     def spec(stage: str, total: int, suffix: str = "", early_stopping: Any = None) -> Any:
         name = f"{prepared.name}-{stage}{suffix}"
         run = backend.RunSpec(name, prepared.storage, stage, opts.executor, resources, opts.max_concurrent,
-                              early_stopping=early_stopping)
+                              early_stopping=early_stopping,
+                              trial_slots=Path(opts.trial_slots) if opts.trial_slots else None)
         records = backend.RunRecords(run.completed, prepared.space, stage)
         callback = backend.TrackingCallback(tracker, prepared.space, stage, tags, records,
                                             journal=prepared.storage / name / TRIAL_JOURNAL, resuming=opts.resume)

@@ -1,0 +1,184 @@
+"""A benchmark's trial queue at --address (raybench/sweep/trial_slots.py, ray_backend.QueuedSearch): slot files on
+the benchmark's host, each held by one trial of one of its sweeps; Tune gets a new trial only for a free slot.
+The benchmark end to end, on the session's head: test_benchmark.py::test_a_benchmarks_sweeps_share_one_trial_queue."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, cli, on_head
+from ray import cloudpickle, tune
+from ray.tune.execution.tune_controller import _get_max_pending_trials
+from ray.tune.experiment import Experiment
+from ray.tune.search import BasicVariantGenerator
+
+from raybench.sweep.ray_backend import QueuedSearch, RunSpec, _search_algorithm
+from raybench.sweep.ray_trial import Resources
+from raybench.sweep.sampling import SAMPLERS
+from raybench.sweep.trial_slots import TrialSlots, make_slots, slot_files
+
+
+def grid_of_seeds(tmp_path: Path, seeds: int, slots: TrialSlots) -> QueuedSearch:
+    """A sweep's replicate stage as Tune drives it: the grid of seeds behind the queue."""
+    search = QueuedSearch(BasicVariantGenerator(max_concurrent=seeds), slots)
+    search.add_configurations([Experiment("replicates", lambda config: None, storage_path=str(tmp_path),
+                                          config={"seed": tune.grid_search(list(range(seeds)))})])
+    return search
+
+
+def test_the_benchmark_writes_exactly_its_cap_of_slots_and_a_changed_cap_rewrites_them(tmp_path):
+    folder = make_slots(tmp_path / "slots", 3)
+    assert [p.name for p in slot_files(folder)] == ["slot-0000", "slot-0001", "slot-0002"]
+    make_slots(folder, 1)
+    assert [p.name for p in slot_files(folder)] == ["slot-0000"]
+
+
+def test_two_sweeps_never_hold_more_slots_than_there_are_and_a_freed_one_is_the_others(tmp_path):
+    folder = make_slots(tmp_path / "slots", 2)
+    first, second = TrialSlots(folder), TrialSlots(folder)  # two drivers' views (each lock is its own open file)
+    assert first.take("a") and first.take("a") and first.held() == ["a"]  # an owner holds one slot, however asked
+    assert second.take("b") and not second.take("c") and not first.take("d")
+    first.give_back("a")
+    assert second.take("c") and not first.take("d")
+    second.give_back("nobody")  # a trial restored by a resume holds none: nothing to free
+    assert second.held() == ["b", "c"]
+
+
+def test_a_killed_holder_frees_its_slot(tmp_path):
+    """A sweep killed outright (SIGKILL) strands nothing: its locks die with its process."""
+    folder = make_slots(tmp_path / "slots", 1)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from raybench.sweep.trial_slots import TrialSlots; s = TrialSlots(sys.argv[1]); "
+        "print(s.take('t'), flush=True); time.sleep(600)"), str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"  # the event: the other process holds the slot
+        assert not TrialSlots(folder).take("mine")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+        assert TrialSlots(folder).take("mine")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_pickled_queue_keeps_its_folder_and_no_lock(tmp_path):
+    """Tune pickles its search algorithm into the experiment state: the copy must not claim the original's slots."""
+    slots = TrialSlots(make_slots(tmp_path / "slots", 1))
+    assert slots.take("t")
+    copy = pickle.loads(pickle.dumps(slots))
+    assert copy.folder == slots.folder and copy.held() == [] and not copy.take("u")  # the original still holds it
+
+
+def test_tune_gets_a_new_trial_only_for_a_free_slot_and_every_ending_frees_it(tmp_path):
+    folder = make_slots(tmp_path / "slots", 1)
+    search = grid_of_seeds(tmp_path, 3, TrialSlots(folder))
+    first = search.next_trial()
+    assert first.config == {"seed": 0} and search.next_trial() is None  # the one slot is taken
+    assert not TrialSlots(folder).take("another sweep's trial")
+    search.on_trial_complete(first.trial_id)  # finished
+    second = search.next_trial()
+    assert second.config == {"seed": 1} and search.next_trial() is None
+    search.on_trial_complete(second.trial_id, error=True)  # errored
+    third = search.next_trial()
+    assert third.config == {"seed": 2}
+    search.on_trial_complete(third.trial_id)
+    assert search.next_trial() is None and search.is_finished() and search.slots.held() == []
+
+
+def test_a_slot_another_sweep_holds_keeps_this_one_waiting_until_freed(tmp_path):
+    folder = make_slots(tmp_path / "slots", 1)
+    other = TrialSlots(folder)
+    assert other.take("their trial")
+    search = grid_of_seeds(tmp_path, 1, TrialSlots(folder))
+    assert search.next_trial() is None and not search.is_finished()  # waiting, not done
+    other.give_back("their trial")
+    assert search.next_trial().config == {"seed": 0}
+
+
+@pytest.mark.parametrize("searched", [True, False])
+def test_a_queued_stage_keeps_its_own_limit_and_tunes_pending_trials(searched, tmp_path):
+    """Tune ignores max_concurrent_trials beside a search algorithm that is not a bare Searcher, so the queued stage
+    applies the sweep's own limit inside (a ConcurrencyLimiter, or the grid's max_concurrent), where Tune also
+    finds it for how many trials may wait for resources at once."""
+    from ray.tune.search import ConcurrencyLimiter, SearchGenerator
+    from ray.tune.search.optuna import OptunaSearch
+
+    searcher = OptunaSearch(space={"lr": __import__("optuna").distributions.FloatDistribution(1e-4, 1e-1, log=True)},
+                            metric="m", mode="max", sampler=SAMPLERS["random"](0)) if searched else None
+    spec = RunSpec("s", tmp_path, "search", "function", Resources(), 3, trial_slots=make_slots(tmp_path / "q", 2))
+    search, limit = _search_algorithm(searcher, spec)
+    assert isinstance(search, QueuedSearch) and limit is None and search.slots.folder == tmp_path / "q"
+    if searched:
+        assert isinstance(search.inner, SearchGenerator) and isinstance(search.inner.searcher, ConcurrencyLimiter)
+        assert search.inner.searcher.max_concurrent == 3 and _get_max_pending_trials(search) == 3
+    else:
+        assert isinstance(search.inner, BasicVariantGenerator) and search.inner.max_concurrent == 3
+    unqueued = RunSpec("s", tmp_path, "search", "function", Resources(), 3)
+    assert _search_algorithm(searcher, unqueued) == (searcher, 3)
+
+
+@pytest.mark.parametrize("folder, expected", [
+    ("missing", "--trial-slots: expected a folder of trial slots (a benchmark writes one), got '{}', which is not a folder"),
+    ("empty", "--trial-slots: expected a folder of trial slots, got '{}', which holds no slot-* file"),
+])
+def test_a_slot_folder_that_is_not_one_is_refused_in_one_line(folder, expected, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    path = tmp_path / folder
+    result = cli(["sweep", "erm", "--trial-slots", str(path), "--storage", str(tmp_path / "runs")], capsys)
+    assert result.returncode == 2 and expected.format(path) in result.stderr, result.stderr
+
+
+def test_a_stop_signal_ends_the_wait_for_a_slot(tmp_path):
+    """Tune waits for a new trial inside one step of its loop, up to 10 minutes, when the sweep has none of its own
+    left; its stop signal is only read between steps. Once Tune's handler has caught one (and put back the one it
+    found), the queued search says it is finished, so the wait ends and the stage ends as interrupted."""
+    folder = make_slots(tmp_path / "slots", 1)
+    other = TrialSlots(folder)
+    assert other.take("their trial")
+    search = grid_of_seeds(tmp_path, 2, TrialSlots(folder))
+    before = signal.getsignal(signal.SIGINT)
+    tune_handler = lambda sig, frame: signal.signal(signal.SIGINT, before)  # as Tune's puts back the one it found
+    signal.signal(signal.SIGINT, tune_handler)
+    try:
+        assert search.next_trial() is None and not search.is_finished()  # waiting for the slot
+        tune_handler(signal.SIGINT, None)  # the signal comes
+        assert search.is_finished()
+        assert not cloudpickle.loads(cloudpickle.dumps(search)).is_finished()  # as Tune keeps it: a resume waits afresh
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_sweep_waiting_for_a_slot_stops_at_once_on_ctrl_c_as_interrupted(store_uri, tmp_path, ray_head):
+    """A real sweep on the session's head whose only slot another holds: it waits inside Tune's step for a trial,
+    and a Ctrl-C must end it within seconds (not after Tune's 10-minute wait), as an interrupted sweep with its
+    resume line and no trial run."""
+    folder = make_slots(tmp_path / "slots", 1)
+    other = TrialSlots(folder)
+    assert other.take("another sweep's trial")
+    runs = tmp_path / "runs"
+    args = on_head(["sweep", "erm", "--smoke", "--executor", "function", "--trials", "1", "--replicates", "0",
+                    "--trial-slots", str(folder), "--name", "queued", "--storage", str(runs),
+                    "--tracking-uri", store_uri], ray_head)
+    proc = subprocess.Popen([str(BIN / "raybench"), *args], env=ray_head.env, cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None and not (runs / "queued-search").is_dir():
+            time.sleep(0.5)  # the event: Tune's search experiment has started, its first step asks for a trial
+        assert proc.poll() is None and (runs / "queued-search").is_dir(), proc.communicate()[1][-3000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=180)  # Tune's own wait would hold it for 600 s
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("raybench: sweep 'queued' interrupted during the search") and last.endswith("--resume"), last
+    assert not list((runs / "queued-search" / "completed").glob("*.json"))  # no trial ran
