@@ -74,13 +74,17 @@ def measure(mode: str, grid: Path, cap: int, root: Path, before: Path) -> Measur
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
     if mode == "static":
         env["PYTHONPATH"] = os.pathsep.join([str(before), *filter(None, [os.environ.get("PYTHONPATH")])])
-    saved = dict(os.environ)
+    saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)  # the Ray started here hands its workers this process's environment
     try:
         address = backend.start_shared_cluster(2 * cap, {}) if mode != "queue" else None
+        env = {**os.environ, **env}  # with what ray.init added for the processes that join it
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        for key, value in saved.items():  # only what was set here: what ray.init added stays
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     try:
         wall, code = run_benchmark(grid, root, address, env)
     finally:
