@@ -182,3 +182,34 @@ def test_a_sweep_waiting_for_a_slot_stops_at_once_on_ctrl_c_as_interrupted(store
     last = err.strip().splitlines()[-1]
     assert last.startswith("raybench: sweep 'queued' interrupted during the search") and last.endswith("--resume"), last
     assert not list((runs / "queued-search" / "completed").glob("*.json"))  # no trial ran
+
+
+def test_a_benchmark_at_an_address_refuses_a_storage_without_file_locks_before_it_starts(tmp_path, monkeypatch):
+    """Some network and FUSE mounts have no flock: the trial queue's slot files would fail every sweep at its
+    first trial, after the benchmark had started them all. Its storage check (run before the tracking store and
+    the cluster; the CLI turns it into one line and exit 2) says so first. A private Ray keeps no slot files."""
+    import errno
+
+    import yaml
+
+    from raybench.sweep import trial_slots
+    from raybench.sweep.benchmark import BenchmarkOptions, check_storage
+    from raybench.sweep.benchmark_file import load_benchmark
+    from raybench.sweep.errors import OptionError
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(trial_slots.fcntl, "flock", no_locks)
+    grid = tmp_path / "bench.yaml"
+    grid.write_text(yaml.safe_dump({"name": "nolocks", "trials": 1, "replicates": 1, "smoke": True,
+                                    "grid": [{"datasets": ["digits-shift"], "spaces": ["erm"]}]}))
+    benchmark, storage = load_benchmark(str(grid)), tmp_path / "runs"
+    storage.mkdir()
+    with pytest.raises(OptionError) as refused:
+        check_storage(benchmark, BenchmarkOptions(storage, "sqlite:///unused.db", address="127.0.0.1:1"))
+    assert str(refused.value) == (f"--storage: expected a folder whose files can be locked (a benchmark at --address "
+                                  f"keeps its trial queue there as locked slot files), but locking a file in "
+                                  f"{str(storage)!r} failed: {os.strerror(errno.ENOLCK)}")
+    assert list(storage.iterdir()) == []  # the probe file removed
+    assert check_storage(benchmark, BenchmarkOptions(storage, "sqlite:///unused.db")) == []  # a private Ray: no check

@@ -42,7 +42,7 @@ from raybench.sweep.errors import OptionError, SweepExists
 from raybench.sweep.options import SweepOptions, command_words, setting_word
 from raybench.sweep.progress import duration
 from raybench.sweep.results import write_text_atomically
-from raybench.sweep.trial_slots import make_slots
+from raybench.sweep.trial_slots import lock_problem, make_slots
 
 STATE_FILE = "benchmark.json"
 TRIAL_SLOT = "raybench_slot"  # the custom resource of the benchmark's trial queue (the module docstring says how)
@@ -265,6 +265,9 @@ def check_storage(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
         raise OptionError("--force: expected only with --resume (it lets a resume go on under a changed benchmark "
                           "file), got it without")
     problem = writable_dir_problem(options.storage)
+    if problem:
+        raise OptionError(f"--storage: {problem}")
+    problem = lock_problem(options.storage) if options.address else None  # its trial queue's slot files
     if problem:
         raise OptionError(f"--storage: {problem}")
     folders = [bench_dir(options.storage, benchmark)] + [options.storage / p.sweep for p in benchmark.pairs]

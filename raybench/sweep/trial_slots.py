@@ -45,6 +45,27 @@ def slot_folder_problem(text: str) -> str | None:
     return None
 
 
+def lock_problem(folder: Path) -> str | None:
+    """Why slot files in `folder` could not be locked, or None: a filesystem without `flock` (some network and
+    FUSE mounts) would otherwise fail each sweep at its first trial, after the benchmark had started them.
+    A folder not made yet is judged by the nearest one that exists, where it will be made."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    probe = folder / f".{SLOT_PREFIX}probe-{os.getpid()}"
+    try:
+        handle = os.open(probe, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(handle)
+    except OSError as err:
+        return (f"expected a folder whose files can be locked (a benchmark at --address keeps its trial queue there "
+                f"as locked slot files), but locking a file in {str(folder)!r} failed: {err.strerror or err}")
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
+
+
 class TrialSlots:
     """The slots of one folder as one sweep's driver holds them: taken without waiting, one per owner (a trial),
     given back when the owner ends. Pickled (Tune keeps its search algorithm in the experiment state) it keeps
