@@ -213,3 +213,22 @@ def test_a_benchmark_at_an_address_refuses_a_storage_without_file_locks_before_i
                                   f"{str(storage)!r} failed: {os.strerror(errno.ENOLCK)}")
     assert list(storage.iterdir()) == []  # the probe file removed
     assert check_storage(benchmark, BenchmarkOptions(storage, "sqlite:///unused.db")) == []  # a private Ray: no check
+
+
+def test_a_slot_that_cannot_be_locked_at_all_is_an_error_and_leaks_no_open_file(tmp_path, monkeypatch):
+    """Held by another trial is a wait; no lock support at all is an error (the benchmark's storage check says
+    so first): either way the slot file opened for the try is closed again."""
+    import errno
+
+    from raybench.sweep import trial_slots
+
+    slots = TrialSlots(make_slots(tmp_path / "slots", 2))
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(trial_slots.fcntl, "flock", no_locks)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match=os.strerror(errno.ENOLCK)):
+        slots.take("t")
+    assert len(os.listdir("/proc/self/fd")) == before and slots.held() == []

@@ -78,10 +78,6 @@ class TrialSlots:
     def __getstate__(self) -> dict[str, Any]:
         return {"folder": self.folder, "_held": {}}
 
-    @property
-    def count(self) -> int:
-        return len(slot_files(self.folder))
-
     def held(self) -> list[str]:
         return sorted(self._held)
 
@@ -93,9 +89,11 @@ class TrialSlots:
             handle = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(handle)
-                continue
+            except BaseException as err:
+                os.close(handle)  # held by another trial (try the next slot), or no lock at all (never leak the file)
+                if isinstance(err, BlockingIOError):
+                    continue
+                raise
             self._held[owner] = handle
             return True
         return False
