@@ -1061,6 +1061,12 @@ def _sweep_store(uri: str) -> tuple[MlflowClient, str]:
     return client, experiment.experiment_id
 
 
+def is_new_sqlite_store(uri: str) -> bool:
+    """Whether `uri` names a SQLite file that does not exist yet, which MLflow's client creates with its whole
+    schema (Alembic's migrations, seconds of one core) when a tracker first opens it."""
+    return _missing_sqlite_file(uri) is not None
+
+
 def _missing_sqlite_file(uri: str) -> Path | None:
     scheme, _, rest = uri.partition(":///")
     if scheme.split("+")[0] != "sqlite" or not rest or rest == ":memory:":

@@ -6,12 +6,16 @@ checked before Ray starts.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import importlib
 import json
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import raybench
 from raybench.data import ShiftDataset, load_dataset
@@ -59,11 +63,13 @@ from raybench.tracking import (
     default_tracking_uri,
     find_recorded_sweep,
     flatten,
+    is_new_sqlite_store,
     read_summary,
     redact_uri,
 )
 
 STAGE_TITLES = {"search": "search", "replicate": "replicates"}
+T = TypeVar("T")
 
 
 def announce(line: str) -> None:
@@ -337,20 +343,23 @@ def run_sweep(prepared: Prepared) -> SweepSummary:
 
 def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
     """The sweep itself, by the driver holding `lock`, which its parent run names (LOCK_TAG)."""
-    tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
-    resume_command = prepared.options.resume_command
-    if prepared.options.parent_run:
+    opts = prepared.options
+    resume_command = opts.resume_command
+    tracker: SweepTracker | None = None
+    if opts.parent_run or not is_new_sqlite_store(prepared.tracking_uri):
+        tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
+    if opts.parent_run:
         try:
             # A benchmark's sweep is resumed by resuming the benchmark: its own command would name the
             # benchmark's private Ray, gone with it.
-            resume_command = tracker.check_parent_run(prepared.options.parent_run) or resume_command
+            resume_command = tracker.check_parent_run(opts.parent_run) or resume_command
         except TrackingError as err:  # before Ray starts, naming the flag
             raise OptionError(f"--parent-run: {err}") from None
-    from raybench.sweep import ray_backend as backend  # Ray is imported only once everything is valid
-
-    opts = prepared.options
-    connected = backend.connect(opts.address, driver_slots=max(opts.max_concurrent, 1) * 2)
+    ray_session = RaySession(opts)
+    new_tracker = ray_session.start_beside(lambda: _ready_for_the_end(prepared.tracking_uri, tracker is None))
+    tracker = tracker or new_tracker
     try:
+        backend = ray_session.backend
         resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker,
                                       opts.max_failures, custom=opts.worker_resources,
                                       per_trial=opts.trial_resources)
@@ -361,21 +370,82 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
         tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags, parent_run=opts.parent_run)
         tracker.set_tags(tracker.parent_id, {LOCK_TAG: f"{lock.path} (host {lock.holder.host}, pid {lock.holder.pid})"})
         try:
-            summary = _search_and_replicate(prepared, tracker, backend, resources, tags)
+            summary = _search_and_replicate(prepared, tracker, ray_session, resources, tags)
         except BaseException as err:
             tracker.end_sweep("KILLED" if isinstance(err, (KeyboardInterrupt, SweepInterrupted)) else "FAILED",
                               note=str(err))
             raise
         tracker.end_sweep("FINISHED")
     finally:
-        if connected:  # a library caller may run several sweeps in one process: leave Ray as found
-            backend.shutdown()
+        ray_session.stop()
     return summary
 
 
-def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: Any, resources: Any,
+RECORD_MODULES = ("raybench.sweep.plots", "optuna.importance")  # matplotlib; Optuna's fANOVA, scikit-learn, SciPy
+
+
+def _ready_for_the_end(tracking_uri: str, new_store: bool) -> SweepTracker | None:
+    """What runs beside Ray's start: a new store's tracker (MLflow's schema migrations), and the imports of the
+    sweep's record, 3-5 s of one core that its end would otherwise spend with every trial slot idle."""
+    tracker = SweepTracker(tracking_uri) if new_store else None
+    for module in RECORD_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:  # the record says what is missing where it needs it (an importance's reason)
+            pass
+    return tracker
+
+
+class RaySession:
+    """The sweep's hold on Ray: joined or started once every check that can refuse the sweep has passed, and
+    let go as soon as the last stage's trials are collected. Ray's start and stop each leave a core mostly idle
+    while its processes come and go (benchmarks/README.md, "A sweep's fixed start"), so the sweep's own work
+    that needs no Ray runs beside them: a new SQLite store's schema migrations beside the start, the results,
+    tables and figures beside the stop."""
+
+    def __init__(self, options: SweepOptions) -> None:
+        self.options = options
+        self.backend: Any = None
+        self.connected = False  # this session joined or started Ray, so it disconnects again
+        self._stopping: threading.Thread | None = None
+
+    def start(self) -> None:
+        from raybench.sweep import ray_backend  # Ray is imported only once everything is valid
+
+        self.backend = ray_backend
+        self.connected = ray_backend.connect(self.options.address,
+                                             driver_slots=max(self.options.max_concurrent, 1) * 2)
+
+    def start_beside(self, work: Callable[[], T]) -> T:
+        """Start Ray while `work` runs in another thread; its result, or its error once Ray is let go again."""
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raybench-beside-ray") as pool:
+            pending = pool.submit(work)
+            self.start()  # a failed start leaves with the pool, which first waits for `work` to end
+            try:
+                return pending.result()
+            except BaseException:
+                self.stop()
+                raise
+
+    def stop_in_background(self) -> None:
+        """Let Ray go in another thread: every trial has ended and been collected, nothing else asks Ray."""
+        if self.connected and self._stopping is None:
+            self._stopping = threading.Thread(target=self.backend.shutdown, name="raybench-ray-shutdown")
+            self._stopping.start()
+
+    def stop(self) -> None:
+        """Let Ray go (a library caller may run several sweeps in one process: Ray is left as found)."""
+        if self._stopping is not None:
+            self._stopping.join()
+        elif self.connected:
+            self.backend.shutdown()
+        self.connected = False
+
+
+def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session: RaySession, resources: Any,
                           tags: dict[str, str]) -> SweepSummary:
     opts = prepared.options
+    backend = ray_session.backend
     started = time.time()
     tracking_before = dataclasses.replace(PROCESS_STATS)
 
@@ -411,6 +481,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, backend: An
         replicates = backend.collect(stage.grid, prepared.space, replicate)
         _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, backend.cut_short(stage),
                               trials, selected, seeds)
+    ray_session.stop_in_background()  # every trial is collected: the record below needs no Ray
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
     summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
     _record(prepared, tracker, summary, trials, replicates, selected)
