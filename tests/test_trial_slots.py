@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from ray.tune.execution.tune_controller import _get_max_pending_trials
 from ray.tune.experiment import Experiment
 from ray.tune.search import BasicVariantGenerator
 
-from raybench.sweep.ray_backend import QueuedSearch, RunSpec, _search_algorithm
+from raybench.sweep.ray_backend import QueuedSearch, RunSpec, _search_algorithm, sigint_watched_for_the_fit
 from raybench.sweep.ray_trial import Resources
 from raybench.sweep.sampling import SAMPLERS
 from raybench.sweep.trial_slots import TrialSlots, make_slots, slot_files
@@ -134,6 +136,14 @@ def test_a_slot_folder_that_is_not_one_is_refused_in_one_line(folder, expected, 
     assert result.returncode == 2 and expected.format(path) in result.stderr, result.stderr
 
 
+def _as_tune_handles_sigint() -> Callable[[], None]:
+    """Install a stand-in for the handler Tune's fit installs; returns its signal, which puts back the handler
+    it found, as Tune's does."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda sig, frame: signal.signal(signal.SIGINT, before))
+    return lambda: signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+
+
 def test_a_stop_signal_ends_the_wait_for_a_slot(tmp_path):
     """Tune waits for a new trial inside one step of its loop, up to 10 minutes, when the sweep has none of its own
     left; its stop signal is only read between steps. Once Tune's handler has caught one (and put back the one it
@@ -142,16 +152,24 @@ def test_a_stop_signal_ends_the_wait_for_a_slot(tmp_path):
     other = TrialSlots(folder)
     assert other.take("their trial")
     search = grid_of_seeds(tmp_path, 2, TrialSlots(folder))
-    before = signal.getsignal(signal.SIGINT)
-    tune_handler = lambda sig, frame: signal.signal(signal.SIGINT, before)  # as Tune's puts back the one it found
-    signal.signal(signal.SIGINT, tune_handler)
-    try:
+    with sigint_watched_for_the_fit():
+        signal_comes = _as_tune_handles_sigint()
         assert search.next_trial() is None and not search.is_finished()  # waiting for the slot
-        tune_handler(signal.SIGINT, None)  # the signal comes
+        signal_comes()
         assert search.is_finished()
-        assert not cloudpickle.loads(cloudpickle.dumps(search)).is_finished()  # as Tune keeps it: a resume waits afresh
-    finally:
-        signal.signal(signal.SIGINT, before)
+    assert not cloudpickle.loads(cloudpickle.dumps(search)).is_finished()  # as Tune keeps it: a resume waits afresh
+
+
+def test_a_stop_signal_before_the_first_request_for_a_trial_is_seen_too(tmp_path):
+    """Tune installs its handler, then its loop asks for the first trial: a Ctrl-C in between was missed when the
+    search read Tune's handler at that first request, and the sweep waited out Tune's 10 minutes."""
+    folder = make_slots(tmp_path / "slots", 1)
+    assert TrialSlots(folder).take("their trial")
+    search = grid_of_seeds(tmp_path, 2, TrialSlots(folder))
+    with sigint_watched_for_the_fit():
+        _as_tune_handles_sigint()()  # the signal comes before any request
+        assert search.next_trial() is None
+        assert search.is_finished()
 
 
 def test_a_sweep_waiting_for_a_slot_stops_at_once_on_ctrl_c_as_interrupted(store_uri, tmp_path, ray_head):
@@ -180,7 +198,9 @@ def test_a_sweep_waiting_for_a_slot_stops_at_once_on_ctrl_c_as_interrupted(store
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("raybench: sweep 'queued' interrupted during the search") and last.endswith("--resume"), last
+    # The folder appears as Tune's fit begins, so the signal may come just before Tune's handler is installed
+    # (a KeyboardInterrupt: "sweep interrupted") or once Tune waits for a slot ("interrupted during the search").
+    assert re.match(r"raybench: sweep ('queued' )?interrupted", last) and last.endswith("--resume"), last
     assert not list((runs / "queued-search" / "completed").glob("*.json"))  # no trial ran
 
 

@@ -43,7 +43,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -435,21 +435,36 @@ def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.
                                    restart_errored=False)
     else:
         tuner = make_tuner()
-    handler = signal.getsignal(signal.SIGINT)
-    try:
-        grid = tuner.fit()
-        signalled = tune_caught_a_signal(handler)
-    except Exception as err:
-        full = FULL_STORAGE.pop(str(spec.storage), None)
-        if full is not None:  # Tune tripped over what the full folder did to it
-            raise full from err
-        raise
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    with sigint_watched_for_the_fit() as handler:
+        try:
+            grid = tuner.fit()
+            signalled = tune_caught_a_signal(handler)
+        except Exception as err:
+            full = FULL_STORAGE.pop(str(spec.storage), None)
+            if full is not None:  # Tune tripped over what the full folder did to it
+                raise full from err
+            raise
     full = FULL_STORAGE.pop(str(spec.storage), None)
     if full is not None:  # StorageWatch stopped the experiment: its unfinished trials resume from their checkpoints
         raise full
     return StageResult(grid, signalled)
+
+
+_SIGINT_HANDLER_BEFORE_FIT: list[Any] = []  # this process's running fit's (one at a time), for QueuedSearch
+
+
+@contextlib.contextmanager
+def sigint_watched_for_the_fit() -> Iterator[Any]:
+    """The SIGINT handler in place before a fit, put back after it. While the fit runs, QueuedSearch reads it to
+    tell whether Tune's handler has caught a stop signal, whenever that came: before the search's first request
+    for a trial as well as during its wait for a slot."""
+    handler = signal.getsignal(signal.SIGINT)
+    _SIGINT_HANDLER_BEFORE_FIT.append(handler)
+    try:
+        yield handler
+    finally:
+        _SIGINT_HANDLER_BEFORE_FIT.remove(handler)
+        signal.signal(signal.SIGINT, handler)
 
 
 def tune_caught_a_signal(handler_before_fit: Any) -> bool:
@@ -536,14 +551,8 @@ class QueuedSearch(SearchAlgorithm):
     def __init__(self, inner: SearchAlgorithm, slots: TrialSlots) -> None:
         super().__init__()
         self.inner, self.slots = inner, slots
-        self._tune_handler: Any = None  # the SIGINT handler Tune's fit installed, seen at its first request
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tune_handler": None}  # a handler of this process's fit, and not picklable
 
     def next_trial(self) -> Any:
-        if self._tune_handler is None:
-            self._tune_handler = signal.getsignal(signal.SIGINT)
         if not self.slots.take(self.PENDING):
             return None
         trial = self.inner.next_trial()
@@ -586,9 +595,13 @@ class QueuedSearch(SearchAlgorithm):
     def is_finished(self) -> bool:
         return self.inner.is_finished() or self._stop_signalled()
 
-    def _stop_signalled(self) -> bool:
-        """Whether Tune's fit caught a stop signal: its handler, installed for the fit, was replaced."""
-        return self._tune_handler is not None and signal.getsignal(signal.SIGINT) is not self._tune_handler
+    @staticmethod
+    def _stop_signalled() -> bool:
+        """Whether the running fit's Tune handler has caught a stop signal (it then puts back the handler found
+        before the fit). Tune installs its handler before it first asks for a trial; a signal that came before
+        this search's first request is seen too (reading the handler at that request instead missed it, and
+        the sweep waited out Tune's 10 minutes: a test's Ctrl-C under a loaded machine)."""
+        return bool(_SIGINT_HANDLER_BEFORE_FIT) and tune_caught_a_signal(_SIGINT_HANDLER_BEFORE_FIT[-1])
 
     def set_finished(self) -> None:
         self.inner.set_finished()
