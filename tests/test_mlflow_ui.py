@@ -67,7 +67,12 @@ def test_the_ui_opens_on_the_sweeps_runs_and_serves_its_plots(tmp_path, ray_head
     link = ui_link(mlflow_server, experiment.experiment_id, parent.info.run_id)
     assert f"MLflow: open {link}" in done.stdout  # the sweep says where to look
 
-    run_page = page_text(chromium(binary, tmp_path / "profile", "--dump-dom", link))
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "mlflow_ui_sweep_run.png"
+    shot.unlink(missing_ok=True)
+    # One Chromium run serves the run page's DOM and its screenshot (each start renders MLflow's whole UI bundle).
+    run_page = page_text(chromium(binary, tmp_path / "profile", "--dump-dom", f"--screenshot={shot}", link))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     selected = re.search(r"Selected trial `([^`]+)`", parent.data.tags["mlflow.note.content"]).group(1)
     assert "Description" in run_page and f"Selected trial {selected}" in run_page, run_page[:3000]
     assert "Child runs" in run_page
@@ -78,11 +83,6 @@ def test_the_ui_opens_on_the_sweeps_runs_and_serves_its_plots(tmp_path, ray_head
                                    ui_link(mlflow_server, experiment.experiment_id)))
     assert "ui-check" in runs_page and "4 matching runs" in runs_page, runs_page[:3000]  # the parent and its nested runs
     assert "No data available" not in runs_page  # not the GenAI traces overview
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "mlflow_ui_sweep_run.png"
-    chromium(binary, tmp_path / "profile", f"--screenshot={shot}", link)
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     url = f"{mlflow_server}/get-artifact?path=plots/search.png&run_uuid={parent.info.run_id}"
     with urllib.request.urlopen(url, timeout=30) as response:
