@@ -51,9 +51,10 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("other Ray actors and tasks", ("ray::",)),
     ("raybench commands (sweep, benchmark, results...)", ("bin/raybench", "-m raybench")),
     ("MLflow servers", ("mlflow server", "bin/mlflow", "uvicorn", "gunicorn", "huey")),
-    ("pytest (main process and xdist workers)", ("pytest", "execnet", "import sys;exec(eval(")),
+    ("Chromium", ("chromium", "/chrome")),
+    # Not any word "pytest": a helper's arguments often name pytest's temp folders (/tmp/pytest-of-...).
+    ("pytest (main process and xdist workers)", ("-m pytest", "bin/pytest", "import sys;exec(eval(")),
     ("benchmarks/ scripts", ("benchmarks/",)),
-    ("Chromium", ("chromium", "chrome")),
     ("Redis", ("redis-server",)),
     ("espeak-ng", ("espeak",)),
 )
