@@ -24,12 +24,16 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
+
+from raybench.paths import writable_dir_problem, write_text_atomically
 
 PR_SET_CHILD_SUBREAPER = 36
 SAMPLE_S = 1.0
@@ -133,8 +137,15 @@ def run(command: list[str]) -> tuple[int, float, Tally]:
         tally.sample(me)
         reap_orphans()
         time.sleep(SAMPLE_S / 4)
-    tally.left_running = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in me.children(recursive=True)]
+    tally.left_running = [described(p) for p in me.children(recursive=True)]
     return child.returncode, wall, tally
+
+
+def described(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline())[:100]}"
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return f"{proc.pid} (gone while listed)"
 
 
 def report(code: int, wall: float, tally: Tally) -> dict:
@@ -165,13 +176,17 @@ def main() -> int:
     parser.add_argument("--json", help="also write the table here, as JSON")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run (after --); default: make test")
     args = parser.parse_args()
-    command = [word for word in args.command if word != "--"] or ["make", "test"]
+    command = (args.command[1:] if args.command[:1] == ["--"] else args.command) or ["make", "test"]
+    # Refused before the command runs, in one line: a whole suite's measurement must not be lost at its end.
+    if args.json and (problem := writable_dir_problem(Path(args.json).resolve().parent)):
+        parser.exit(2, f"suite_cpu.py: error: --json {args.json}: {problem}\n")
+    if shutil.which(command[0]) is None:
+        parser.exit(2, f"suite_cpu.py: error: {command[0]!r}: expected a command on PATH or a path to one\n")
     code, wall, tally = run(command)
     result = {"command": command, **report(code, wall, tally)}
     print_table(result)
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=1)
+        write_text_atomically(Path(args.json), json.dumps(result, indent=1))
     return code
 
 
