@@ -170,3 +170,20 @@ def test_a_blind_selection_is_the_first_caveat_in_the_table_and_under_the_chart(
     assert found.notes[0] in "\n".join(table_lines(found)) and found.notes[0] in markdown(summary)
     assert found.notes[0] in plots._importance_caveats(found)  # the footer under importance.png
     assert not any("blind" in note for note in importances(sweep(n=10)).notes)  # a sweep that could see: no caveat
+
+
+def test_too_few_trials_are_answered_without_importing_fanova():
+    """A sweep's driver imports fANOVA (scikit-learn) beside Ray's start only when its search can count
+    MIN_TRIALS trials (runner.record_modules); below that, rating the sweep must not import it at its end either."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from raybench.records import *; from raybench.sweep.importance import MIN_TRIALS, importances; "
+            "trials = [TrialRecord(order=i, trial_id=f't{i}', seed=0, status=TrialStatus.OK, sampled={'lr': 10.0 ** -i}, "
+            "selection_value=0.5 + i / 10) for i in range(MIN_TRIALS - 1)]; "
+            "summary = SweepSummary(name='few', dataset='digits-shift', algorithm='erm', space_scales={'lr': 'log'}, "
+            "selection=Selection('ood_val', 'val/acc', 'OOD val'), trials=trials, replicates=Replicates()); "
+            "found = importances(summary); assert found.params and not found.shares, found; "
+            "assert 'optuna.importance' not in sys.modules and 'sklearn' not in sys.modules, 'fANOVA was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -122,10 +122,23 @@ def test_what_runs_beside_rays_start_makes_a_new_store_and_imports_the_record(tm
     import subprocess
 
     db = tmp_path / "new.db"
-    code = ("import sys; from raybench.sweep.runner import _ready_for_the_end, RECORD_MODULES; "
-            f"tracker = _ready_for_the_end('sqlite:///{db}', True); "
-            "assert tracker.experiment_id; assert all(m in sys.modules for m in RECORD_MODULES), RECORD_MODULES; "
+    code = ("import sys; from raybench.sweep.runner import _ready_for_the_end, record_modules; "
+            "modules = record_modules(3, True); "
+            f"tracker = _ready_for_the_end('sqlite:///{db}', True, modules); "
+            "assert tracker.experiment_id; assert all(m in sys.modules for m in modules), modules; "
             "assert 'matplotlib' in sys.modules and 'sklearn' in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert db.is_file()
+
+
+@pytest.mark.parametrize("trials, searched, rated", [(3, True, True), (10, True, True), (2, True, False),
+                                                     (1, True, False), (10, False, False)])
+def test_fanova_is_imported_beside_rays_start_only_for_a_search_it_can_rate(trials, searched, rated):
+    """Below MIN_TRIALS search trials, or with nothing searched, importances() rates nothing and never imports
+    Optuna's fANOVA (test_importance.py), so the driver does not import it either; the plots it always makes."""
+    from raybench.sweep.runner import IMPORTANCE_MODULES, PLOT_MODULES, record_modules
+
+    modules = record_modules(trials, searched)
+    assert set(PLOT_MODULES) <= set(modules)
+    assert set(IMPORTANCE_MODULES) <= set(modules) if rated else not set(IMPORTANCE_MODULES) & set(modules)

@@ -34,7 +34,7 @@ from raybench.records import Replicates, Selection, SweepState, SweepSummary, Tr
 from raybench.sweep import options as sweep_options
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
-from raybench.sweep.importance import Importances, importances
+from raybench.sweep.importance import MIN_TRIALS, Importances, importances
 from raybench.sweep.options import SCHEDULERS, SweepOptions  # SweepOptions is imported from here too
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
@@ -356,7 +356,8 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
         except TrackingError as err:  # before Ray starts, naming the flag
             raise OptionError(f"--parent-run: {err}") from None
     ray_session = RaySession(opts)
-    new_tracker = ray_session.start_beside(lambda: _ready_for_the_end(prepared.tracking_uri, tracker is None))
+    modules = record_modules(opts.trials or 0, bool(prepared.space.search))
+    new_tracker = ray_session.start_beside(lambda: _ready_for_the_end(prepared.tracking_uri, tracker is None, modules))
     tracker = tracker or new_tracker
     try:
         backend = ray_session.backend
@@ -381,14 +382,24 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
     return summary
 
 
-RECORD_MODULES = ("raybench.sweep.plots", "optuna.importance")  # matplotlib; Optuna's fANOVA, scikit-learn, SciPy
+PLOT_MODULES = ("raybench.sweep.plots",)  # matplotlib
+IMPORTANCE_MODULES = ("optuna.importance",)  # Optuna's fANOVA: scikit-learn, SciPy
 
 
-def _ready_for_the_end(tracking_uri: str, new_store: bool) -> SweepTracker | None:
+def record_modules(trials: int, searched: bool) -> tuple[str, ...]:
+    """The modules the sweep's record imports at its end, to import beside Ray's start: the plots always, and
+    fANOVA only for a search that can count MIN_TRIALS trials over something searched. Below that,
+    `importances` gives each parameter its reason without importing Optuna's fANOVA, whose scikit-learn is the
+    largest import a small sweep's driver would otherwise make for nothing."""
+    rated = searched and trials >= MIN_TRIALS
+    return PLOT_MODULES + (IMPORTANCE_MODULES if rated else ())
+
+
+def _ready_for_the_end(tracking_uri: str, new_store: bool, modules: tuple[str, ...]) -> SweepTracker | None:
     """What runs beside Ray's start: a new store's tracker (MLflow's schema migrations), and the imports of the
-    sweep's record, 3-5 s of one core that its end would otherwise spend with every trial slot idle."""
+    sweep's record (`modules`), seconds of one core that its end would otherwise spend with every trial slot idle."""
     tracker = SweepTracker(tracking_uri) if new_store else None
-    for module in RECORD_MODULES:
+    for module in modules:
         try:
             importlib.import_module(module)
         except ImportError:  # the record says what is missing where it needs it (an importance's reason)
