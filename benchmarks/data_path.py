@@ -45,6 +45,7 @@ from raybench.data import load_dataset
 from raybench.data.wilds.adapter import _read_image
 from raybench.models import MODELS, FeaturizerHead, ModelSpec, build_model
 from raybench.trainer import TrainConfig, Trainer
+from raybench.trainer.loop import channels_last_for
 from tests.wilds_fixtures import iwildcam
 
 MODEL_WIDTHS = {"tiny": 8, "fits": 48}
@@ -107,6 +108,8 @@ def dataloader_run(model_name: str, args: argparse.Namespace) -> Measured:
                                          num_workers=args.workers, prefetch_factor=2,
                                          generator=torch.Generator().manual_seed(0))
     model = build_model(model_name, ModelSpec(dataset.input_shape, dataset.task.n_outputs, layout=dataset.input_layout))
+    if channels_last_for("auto", torch.device("cpu")):  # the layout the raybench side trains in
+        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     view = dataset.views.plain
     wait = 0.0

@@ -27,6 +27,7 @@ from raybench.data import ShiftDataset, load_dataset
 from raybench.models import ModelSpec, build_model
 from raybench.trainer import TrainConfig, Trainer
 from raybench.trainer.batches import cycle_batches, epoch_batches
+from raybench.trainer.loop import channels_last_for
 
 
 @dataclasses.dataclass
@@ -71,6 +72,8 @@ def run_bare(dataset: ShiftDataset, config: TrainConfig, algorithm: str) -> floa
     cfg = config.resolve(dataset)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, ModelSpec(dataset.input_shape, dataset.task.n_outputs, layout=dataset.input_layout))
+    if channels_last_for(cfg.memory_format, torch.device("cpu")):  # the trainer's layout: only bookkeeping differs
+        model = model.to(memory_format=torch.channels_last)
     discriminator = domain_discriminator(model.n_features, dataset.n_domains) if algorithm == "dann" else None
     trained = [*model.parameters(), *(discriminator.parameters() if discriminator is not None else [])]
     optimizer = torch.optim.Adam(trained, lr=cfg.lr)

@@ -215,3 +215,34 @@ def test_a_run_parses_its_hyperparameters_once_per_config_it_holds(tiny_dataset,
     trainer.fit()
     assert len(parses) == 2, parses
     assert trainer.config.typed_hparams is trainer.config.typed_hparams
+
+
+def _conv_weights(model: nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.dim() == 4]
+
+
+def test_memory_format_lays_out_the_conv_weights_and_changes_no_value(tiny_dataset):
+    """`memory_format`: auto is channels_last on a CPU. Only the layout moves: the same weights give the same
+    outputs in either layout (up to float rounding), and a state saved from one loads into the other."""
+    x = tiny_dataset.splits["val"].x[:32].float()
+    models, outputs = {}, {}
+    for fmt in ("auto", "channels_last", "contiguous"):
+        trainer = Trainer(config(model="lenet", memory_format=fmt, device="cpu"), dataset=tiny_dataset)
+        torch.manual_seed(0)
+        models[fmt] = trainer.new_model().eval()
+        weights = _conv_weights(models[fmt])
+        assert weights, "lenet has convolutions"
+        laid_out = torch.channels_last if fmt != "contiguous" else torch.contiguous_format
+        assert all(w.is_contiguous(memory_format=laid_out) for w in weights), fmt
+        assert fmt == "contiguous" or not any(w.is_contiguous() for w in weights), "no weight changed its layout"
+        with torch.no_grad():
+            outputs[fmt] = models[fmt](x)
+    assert torch.allclose(outputs["auto"], outputs["contiguous"], atol=1e-5)
+    assert torch.allclose(outputs["channels_last"], outputs["contiguous"], atol=1e-5)
+
+    torch.manual_seed(1)
+    other = Trainer(config(model="lenet", device="cpu"), dataset=tiny_dataset).new_model().eval()
+    models["contiguous"].load_state_dict(other.state_dict())  # channels-last tensors into contiguous ones
+    with torch.no_grad():
+        assert torch.allclose(models["contiguous"](x), other(x), atol=1e-5)
+    assert all(w.is_contiguous() for w in _conv_weights(models["contiguous"])), "loading changed the layout"

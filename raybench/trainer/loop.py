@@ -141,6 +141,17 @@ def choose_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def channels_last_for(memory_format: str, device: torch.device) -> bool:
+    """Whether models are built with channels-last convolution weights (the `memory_format` setting; auto: on a
+    CPU). Only 4-D weights change layout; inputs stay as the data gives them, and the first convolution's output
+    follows its weights, so every later convolution runs channels-last. A forward pass gives the same values up
+    to float rounding; training carries that rounding forward, so a run is as deterministic in either layout but
+    reproduces a run of the other only closely (`memory_format=contiguous` reproduces runs from before the
+    setting). The speed is measured in benchmarks/memory_format.py; the benchmarks that race the trainer against a
+    hand-written loop give that loop the same layout."""
+    return memory_format == "channels_last" or (memory_format == "auto" and device.type == "cpu")
+
+
 class Trainer:
     """Trains one config on one dataset; `fit()` returns the best model and its metrics."""
 
@@ -185,9 +196,14 @@ class Trainer:
         weights = Path(self.config.model_weights) if self.config.model_weights else None
         spec = ModelSpec(self.dataset.input_shape, self.dataset.task.n_outputs, weights, self.dataset.input_layout)
         try:
-            return build_model(self.config.model, spec)
+            model = build_model(self.config.model, spec)
         except (ValueError, OSError) as err:
             raise ConfigError("model_weights", str(err)) from None
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    @property
+    def channels_last(self) -> bool:
+        return channels_last_for(self.config.memory_format, self.device)
 
     def _check_model_files(self) -> None:
         """Read every model file the algorithm's settings name (Noisy Student's `teacher_checkpoint`) now,
