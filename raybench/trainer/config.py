@@ -89,7 +89,7 @@ class TrainConfig:
     eval_batch_size: int = setting(512, allowed=AT_LEAST_ONE, help="examples per evaluation batch")
     memory_format: str = setting("auto", allowed=Allowed(choices=MEMORY_FORMATS),
                                  help="how convolution weights are laid out in memory; auto: channels_last on a "
-                                      "CPU, where oneDNN's convolutions run faster so, contiguous on a GPU")
+                                      "CPU (oneDNN's faster layout for convolutions), contiguous on a GPU")
     prefetch: int = setting(2, allowed=COUNT, help="batches read ahead of the step computing when inputs "
                                                             "come from disk; 0: read on demand")
     input_size: int | None = setting(None, allowed=Allowed(low=8, limit=MAX_INPUT_SIZE), help="images read and models built at N x N "
