@@ -21,8 +21,10 @@ import time
 
 import torch
 
+from raybench.algorithms import ALGORITHMS
 from raybench.data import load_dataset
-from raybench.trainer import TrainConfig, Trainer
+from raybench.flag_types import positive_int
+from raybench.trainer import ConfigError, TrainConfig, Trainer
 
 LAYOUTS = ("contiguous", "channels_last")
 
@@ -33,9 +35,13 @@ def timed_fit(dataset, values: dict) -> tuple[float, dict[str, float]]:
     return time.perf_counter() - started, result.best_metrics
 
 
-def compare(dataset, algorithm: str, args: argparse.Namespace) -> str:
-    base = {"algorithm": algorithm, "model": "lenet", "device": "cpu", "epochs": args.epochs,
+def base_config(algorithm: str, args: argparse.Namespace) -> dict:
+    return {"algorithm": algorithm, "model": "lenet", "device": "cpu", "epochs": args.epochs,
             "max_steps_per_epoch": args.steps, "patience": None}
+
+
+def compare(dataset, algorithm: str, args: argparse.Namespace) -> str:
+    base = base_config(algorithm, args)
     timed_fit(dataset, {**base, "memory_format": "contiguous", "epochs": 1, "max_steps_per_epoch": 2})  # warm-up
     seconds: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
     metrics: dict[str, dict[str, float]] = {}
@@ -54,22 +60,32 @@ def compare(dataset, algorithm: str, args: argparse.Namespace) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algorithms", default="erm,dann", help="comma-separated algorithms (default erm,dann)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=150, help="steps per epoch")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None, help="torch's intra-op threads (default: torch's own)")
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument("--steps", type=positive_int, default=150, help="steps per epoch")
+    parser.add_argument("--epochs", type=positive_int, default=2)
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch's intra-op threads (default: torch's own)")
     args = parser.parse_args()
+    algorithms = [name.strip() for name in args.algorithms.split(",")]
+    unknown = [name for name in algorithms if name not in ALGORITHMS]
+    if unknown:  # one line before any training, not a traceback after the first algorithm's runs
+        parser.error(f"--algorithms: {ALGORITHMS.unknown(unknown[0])}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     dataset = load_dataset("digits-shift")
+    for algorithm in algorithms:  # an algorithm that refuses LeNet on digits-shift: one line, nothing timed yet
+        try:
+            TrainConfig.from_flat(base_config(algorithm, args)).resolve(dataset)
+        except ConfigError as err:
+            parser.error(f"--algorithms {algorithm}: {err.key}: {err.detail}")
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} intra-op threads; {args.repeats} alternating repeats, "
           f"{args.epochs} epochs of up to {args.steps} steps, LeNet on digits-shift")
     print("| algorithm | contiguous s (median) | channels_last s (median) | ratio of medians | ratio of minima | "
           "largest metric gap |")
     print("|---|---|---|---|---|---|")
-    for algorithm in args.algorithms.split(","):
-        print(compare(dataset, algorithm.strip(), args), flush=True)
+    for algorithm in algorithms:
+        print(compare(dataset, algorithm, args), flush=True)
 
 
 if __name__ == "__main__":
