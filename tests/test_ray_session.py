@@ -3,8 +3,10 @@ Ray's start and stop, not before or after them. Ray is replaced by stand-ins tha
 once: each waits, with a bounded timeout, for an event only the other side sets."""
 from __future__ import annotations
 
+import gc
 import sys
 import threading
+import weakref
 
 import pytest
 
@@ -142,3 +144,130 @@ def test_fanova_is_imported_beside_rays_start_only_for_a_search_it_can_rate(tria
     modules = record_modules(trials, searched)
     assert set(PLOT_MODULES) <= set(modules)
     assert set(IMPORTANCE_MODULES) <= set(modules) if rated else not set(IMPORTANCE_MODULES) & set(modules)
+
+
+class ShuttingDownRay:
+    """Ray's calls as the node watch and `ray_backend.shutdown` make them. `nodes` records every question asked
+    while `shutdown` runs (the real core worker ends the process then); `shutdown` takes a while, as Ray's does."""
+
+    def __init__(self) -> None:
+        self.initialized, self.shutting_down = True, False
+        self.questions, self.questions_during_shutdown = 0, 0
+        self.asked_three_times = threading.Event()
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def nodes(self) -> list[dict]:
+        self.questions += 1
+        self.questions_during_shutdown += self.shutting_down
+        if self.questions >= 3:
+            self.asked_three_times.set()
+        return [{"NodeID": "own-node", "Alive": True}]
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+        threading.Event().wait(0.2)  # the watch, asking every millisecond, would ask about 200 times meanwhile
+        self.initialized, self.shutting_down = False, False
+
+
+def test_the_node_watch_asks_ray_nothing_once_ray_is_let_go(monkeypatch):
+    """A question to Ray while `ray.shutdown` runs ends the driver in Ray's core worker (exit 1), so `shutdown`
+    stops the watch of the driver's node first; the watch asks every millisecond here, to meet the window."""
+    fake = ShuttingDownRay()
+    for name in ("is_initialized", "nodes", "shutdown"):
+        monkeypatch.setattr(ray_backend.ray, name, getattr(fake, name))
+    monkeypatch.setattr(ray_backend.ray, "get_runtime_context",
+                        lambda: type("Context", (), {"get_node_id": lambda self: "own-node"})())
+    monkeypatch.setattr(ray_backend.ray._private.worker, "_global_node", None)
+    watch = ray_backend.watch_own_node(interval_s=0.001)
+    assert fake.asked_three_times.wait(WAIT_S), "the watch never asked about its node"
+    ray_backend.shutdown()
+    watch.thread.join(WAIT_S)
+    assert not watch.thread.is_alive(), "the node watch outlived Ray"
+    assert fake.questions_during_shutdown == 0, f"{fake.questions_during_shutdown} questions reached Ray while it shut down"
+
+
+class StageObject:
+    """Stands for Tune's objects of a stage (trials, results), some of which hold Ray objects."""
+
+    def __init__(self) -> None:
+        self.grid: list = []
+        self.own_cycle = self  # Tune's objects refer to each other: only Python's cycle collector frees them
+
+
+def test_cyclic_garbage_is_freed_before_ray_is_let_go_in_the_background(stand_in, monkeypatch):
+    """A Ray object freed on the sweep's thread while `ray.shutdown` runs in the stopping thread ends the driver
+    in Ray's core worker (exit 1): cycles are collected before the stopping thread starts."""
+    ray = StandInRay()
+    session = stand_in(ray)
+    session.start()
+    garbage = StageObject()
+    freed = weakref.ref(garbage)
+    alive_at_shutdown = []
+
+    def shutdown() -> None:
+        alive_at_shutdown.append(freed() is not None)
+        ray.shutdown()
+
+    monkeypatch.setattr(ray_backend, "shutdown", shutdown)
+    gc.disable()  # only the session may collect it
+    try:
+        del garbage
+        session.stop_in_background()
+        session.stop()
+    finally:
+        gc.enable()
+    assert alive_at_shutdown == [False], "a stage's cyclic garbage was still alive when Ray's shutdown began"
+
+
+def test_a_sweep_holds_no_stage_object_once_it_lets_ray_go(monkeypatch, tmp_path):
+    """`_search_and_replicate` keeps only plain records of a stage: Tune's objects are freed on its thread before
+    the stopping thread runs `ray.shutdown`, not when the function returns, during it."""
+    from types import SimpleNamespace
+
+    from raybench.records import TrialRecord, TrialStatus
+    from raybench.sweep import runner
+
+    stages: list[weakref.ref] = []
+
+    class Backend:  # what _search_and_replicate asks of ray_backend, for one search stage of one trial
+        class RunSpec:
+            def __init__(self, *args, **kwargs) -> None:
+                self.completed = None
+
+            def with_callbacks(self, *callbacks):
+                return self
+
+        RunRecords = TrackingCallback = ProgressCallback = EarlyStopping = staticmethod(lambda *a, **k: None)
+
+        @staticmethod
+        def run_search(*args):
+            stage = StageObject()
+            stages.append(weakref.ref(stage))
+            return stage
+
+        @staticmethod
+        def collect(grid, space, spec):
+            return [TrialRecord(0, "t0", 0, {}, TrialStatus.OK, selection_value=0.5)]
+
+        @staticmethod
+        def cut_short(stage) -> bool:
+            return False
+
+    class LettingGo(Exception):
+        pass
+
+    class Session:
+        backend = Backend
+
+        def stop_in_background(self) -> None:
+            gc.collect()  # as RaySession does: only what a frame still holds survives this
+            raise LettingGo([ref() is not None for ref in stages])
+
+    options = SweepOptions(space="erm", trials=1, replicates=0)
+    prepared = SimpleNamespace(options=options, name="s", storage=tmp_path, space=SimpleNamespace(search={}),
+                               selection_metric="val/acc", epochs=1)
+    with pytest.raises(LettingGo) as letting_go:
+        runner._search_and_replicate(prepared, None, Session(), None, {})
+    assert letting_go.value.args[0] == [False], "the search stage's objects were alive as Ray was let go"

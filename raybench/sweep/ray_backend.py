@@ -42,7 +42,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -171,9 +170,10 @@ def connect(address: str | None, driver_slots: int, queues: dict[str, int] | Non
 
 
 NODE_WATCH_INTERVAL_S = 5.0
+NODE_WATCH_STOP_S = 30.0  # at most this long for a question in flight (a GCS that is away) before Ray is let go
 
 
-def watch_own_node(interval_s: float = NODE_WATCH_INTERVAL_S) -> threading.Thread:
+class NodeWatch:
     """Stop the sweep (as SIGTERM does: runs KILLED, a resume line) once the GCS reports this driver's own node dead.
 
     A driver lives on a node and reaches the cluster through its raylet. When the head restarts (GCS fault
@@ -182,25 +182,49 @@ def watch_own_node(interval_s: float = NODE_WATCH_INTERVAL_S) -> threading.Threa
     no progress before it was stopped by hand). The restarted GCS reloads the old node from Redis and marks
     it dead once its health checks fail; this thread sees that and hands the sweep to the same path as a
     SIGTERM, which needs no raylet. While the GCS itself is down the question fails and is asked again: Ray's
-    own reconnect timeout (RAY_gcs_rpc_server_reconnect_timeout_s) ends the driver if the GCS never returns."""
-    node_id = ray.get_runtime_context().get_node_id()
+    own reconnect timeout (RAY_gcs_rpc_server_reconnect_timeout_s) ends the driver if the GCS never returns.
 
-    def watch() -> None:
-        while ray.is_initialized():
-            time.sleep(interval_s)
-            try:
-                alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
-            except Exception:  # noqa: BLE001,S112  the GCS is away (restarting) or Ray is shutting down: ask again
-                continue
-            if alive.get(node_id) is False:
-                print(f"raybench: the Ray node this driver joined ({node_id[:12]}) is gone (its raylet died, as in a "
-                      f"head restart); stopping the sweep so that it can be resumed", file=sys.stderr, flush=True)
+    The watch ends before Ray is let go (`shutdown` calls `stop`): a call into Ray while `ray.shutdown` runs on
+    another thread ends the whole driver inside Ray's core worker ("The core worker has already been shutdown
+    ... The process will exit", exit status 1), which no `except` can catch (runner.RaySession.stop_in_background)."""
+
+    def __init__(self, node_id: str, interval_s: float) -> None:
+        self.node_id, self.interval_s = node_id, interval_s
+        self._stopping = threading.Event()
+        self._asking = threading.Lock()  # held while a question is with Ray
+        self.thread = threading.Thread(target=self._watch, name="raybench-node-watch", daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.interval_s):
+            with self._asking:
+                if self._stopping.is_set() or not ray.is_initialized():
+                    return
+                try:
+                    alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
+                except Exception:  # noqa: BLE001,S112  the GCS is away (restarting): ask again
+                    continue
+            if alive.get(self.node_id) is False:
+                print(f"raybench: the Ray node this driver joined ({self.node_id[:12]}) is gone (its raylet died, as "
+                      f"in a head restart); stopping the sweep so that it can be resumed", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 
-    thread = threading.Thread(target=watch, name="raybench-node-watch", daemon=True)
-    thread.start()
-    return thread
+    def stop(self, timeout_s: float = NODE_WATCH_STOP_S) -> None:
+        """Ask nothing more of Ray, once the question in flight (if any) has its answer."""
+        self._stopping.set()
+        if self._asking.acquire(timeout=timeout_s):
+            self._asking.release()
+
+
+_node_watches: list[NodeWatch] = []  # the watches `shutdown` stops first
+
+
+def watch_own_node(interval_s: float = NODE_WATCH_INTERVAL_S) -> NodeWatch:
+    """Start a NodeWatch of the node this driver joined; `shutdown` stops it before letting Ray go."""
+    watch = NodeWatch(ray.get_runtime_context().get_node_id(), interval_s)
+    _node_watches.append(watch)
+    watch.thread.start()
+    return watch
 
 
 def node_temp_dir() -> str | None:
@@ -310,6 +334,8 @@ def _bundles_on(node: dict[str, float], need: dict[str, float]) -> int:
 
 def shutdown() -> None:
     """Disconnect; a private local Ray this process started stops, and its driver record goes with it."""
+    while _node_watches:  # no question may reach Ray while it shuts down
+        _node_watches.pop().stop()
     if ray.is_initialized():
         node = ray._private.worker._global_node
         session = Path(node.get_session_dir_path()) if node is not None else None

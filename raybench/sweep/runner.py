@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import gc
 import importlib
 import json
 import threading
@@ -439,8 +440,16 @@ class RaySession:
                 raise
 
     def stop_in_background(self) -> None:
-        """Let Ray go in another thread: every trial has ended and been collected, nothing else asks Ray."""
+        """Let Ray go in another thread: every trial has ended and been collected, nothing else asks Ray.
+
+        No Ray object may be freed on this thread while Ray shuts down in the other: Ray's core worker then ends
+        the whole process ("The core worker has already been shutdown ... The process will exit", exit status 1),
+        after the sweep had recorded everything. A sweep whose trial failed (a divergence) did so in most runs
+        on a fast machine: Tune's objects for it sit in reference cycles, which Python's collector frees
+        whenever it next runs. So the stage's objects are out of scope (_stage_records) and cycles are collected
+        here first, while Ray is still up."""
         if self.connected and self._stopping is None:
+            gc.collect()
             self._stopping = threading.Thread(target=self.backend.shutdown, name="raybench-ray-shutdown")
             self._stopping.start()
 
@@ -474,10 +483,10 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
 
     asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
     search = spec("search", opts.trials if prepared.space.search else 1, early_stopping=asha)
-    stage = backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume)
-    TrialRunWriter.drain_all()  # every run of the stage in the store before anything reads them
-    trials = backend.collect(stage.grid, prepared.space, search)
-    _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started, backend.cut_short(stage))
+    trials, cut_short = _stage_records(
+        backend, lambda: backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume),
+        prepared.space, search)
+    _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started, cut_short)
     selected = tables.select_best(trials)
     replicates: list[TrialRecord] = []
     seeds: list[int] = []
@@ -487,16 +496,27 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
                  f"{prepared.selection_metric} {selected.selection_value:.4f}), elapsed {duration(time.time() - started)}")
         # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
         replicate = spec("replicate", len(seeds), f"-{selected.trial_id}")
-        stage = backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume)
-        TrialRunWriter.drain_all()
-        replicates = backend.collect(stage.grid, prepared.space, replicate)
-        _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, backend.cut_short(stage),
+        replicates, cut_short = _stage_records(
+            backend, lambda: backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume),
+            prepared.space, replicate)
+        _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, cut_short,
                               trials, selected, seeds)
     ray_session.stop_in_background()  # every trial is collected: the record below needs no Ray
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
     summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
     _record(prepared, tracker, summary, trials, replicates, selected)
     return summary
+
+
+def _stage_records(backend: Any, run_stage: Callable[[], Any], space: ResolvedSpace,
+                   spec: Any) -> tuple[list[TrialRecord], bool]:
+    """Run one Tune stage; its trials as plain records, and whether it was cut short. Tune's own objects (its
+    trials and their results, some of them holding Ray objects) stay in this frame, so they are freed here, on this
+    thread, while Ray is up: freed while `ray.shutdown` runs in the stopping thread, one ended the driver inside
+    Ray's core worker with exit status 1 (RaySession.stop_in_background)."""
+    stage = run_stage()
+    TrialRunWriter.drain_all()  # every run of the stage in the store before anything reads them
+    return backend.collect(stage.grid, space, spec), backend.cut_short(stage)
 
 
 def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str, runs: list[TrialRecord],
