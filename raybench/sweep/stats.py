@@ -24,10 +24,11 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import combinations
+from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from raybench.records import TrialRecord, Words
 from raybench.report_keys import BEST_PREFIX
@@ -40,6 +41,15 @@ SEED = 0  # the bootstraps' and the permutation test's generator: the same runs 
 IQM_TRIM = 0.25  # trim_mean's proportion cut from each end: the interquartile mean
 NORMALISATION = ("min-max per dataset over every ranked method's replicate values of the ranking column "
                  "(0: the lowest replicate in that dataset, 1: the highest; 0.5 when all are equal)")
+
+
+@cache
+def sps() -> Any:
+    """scipy.stats, imported on first use: the import takes about 0.4 s, as long as the rest of `compare`'s own
+    imports, and `compare` without --stats, like `results`, computes nothing with it."""
+    from scipy import stats
+
+    return stats
 
 
 DEFAULT_BASELINE = "erm"  # the row the others are tested against unless --baseline names another
@@ -129,10 +139,10 @@ def mean_interval(values: Sequence[float], settings: StatsSettings = StatsSettin
 
 def t_interval(x: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
     """Mean ± t quantile × standard error (n - 1 degrees of freedom): exact for normal replicates."""
-    mean, sem = float(np.mean(x)), float(sps.sem(x))
+    mean, sem = float(np.mean(x)), float(sps().sem(x))
     if sem == 0:  # every replicate equal: scipy's interval is undefined, the data's is the point
         return Interval(mean, mean, IntervalMethod.T, confidence)
-    low, high = sps.t.interval(confidence, df=len(x) - 1, loc=mean, scale=sem)
+    low, high = sps().t.interval(confidence, df=len(x) - 1, loc=mean, scale=sem)
     return Interval(float(low), float(high), IntervalMethod.T, confidence)
 
 
@@ -146,9 +156,9 @@ def bootstrap_interval(samples: tuple[np.ndarray, ...], statistic: Callable[...,
     flat = all(np.ptp(sample) == 0 for sample in samples)
     for recorded, method in list(zip(methods, ("BCa", "percentile")))[flat:]:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", sps.DegenerateDataWarning)
+            warnings.simplefilter("ignore", sps().DegenerateDataWarning)
             warnings.simplefilter("ignore", RuntimeWarning)
-            result = sps.bootstrap(samples, statistic, vectorized=True, method=method,
+            result = sps().bootstrap(samples, statistic, vectorized=True, method=method,
                                    confidence_level=settings.confidence, n_resamples=settings.n_resamples,
                                    rng=np.random.default_rng(settings.seed))
         low, high = (float(v) for v in result.confidence_interval)
@@ -216,7 +226,7 @@ def permutation_floor(n: int, n_baseline: int) -> float:
 
 def welch(x: np.ndarray, y: np.ndarray, settings: StatsSettings = StatsSettings()) -> tuple[float, Interval]:
     """Welch's t-test (unequal variances) and its interval of the difference, both scipy's ttest_ind."""
-    result = sps.ttest_ind(x, y, equal_var=False)
+    result = sps().ttest_ind(x, y, equal_var=False)
     low, high = result.confidence_interval(settings.confidence)
     return float(result.pvalue), Interval(float(low), float(high), IntervalMethod.WELCH, settings.confidence)
 
@@ -224,7 +234,7 @@ def welch(x: np.ndarray, y: np.ndarray, settings: StatsSettings = StatsSettings(
 def permutation(x: np.ndarray, y: np.ndarray, settings: StatsSettings = StatsSettings()) -> tuple[float, Interval]:
     """scipy's permutation test of the difference of means (exact when the splits are fewer than n_resamples),
     with a two-sample bootstrap interval of the difference."""
-    result = sps.permutation_test((x, y), _mean_difference, vectorized=True, n_resamples=settings.n_resamples,
+    result = sps().permutation_test((x, y), _mean_difference, vectorized=True, n_resamples=settings.n_resamples,
                                   rng=np.random.default_rng(settings.seed))
     return float(result.pvalue), bootstrap_interval((x, y), _mean_difference, settings)
 
@@ -271,7 +281,7 @@ def mean_ranks(by_method: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """Each method's rank by its mean in one dataset (1: the highest mean; ties averaged); methods without a
     finite value are not ranked."""
     means = {m: float(np.mean(finite(v))) for m, v in by_method.items() if len(finite(v))}
-    ranked = sps.rankdata([-v for v in means.values()], method="average")
+    ranked = sps().rankdata([-v for v in means.values()], method="average")
     return {m: float(r) for m, r in zip(means, ranked)}
 
 
@@ -289,7 +299,7 @@ def normalise(by_method: Mapping[str, Sequence[float]]) -> dict[str, np.ndarray]
 
 def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
     """The interquartile mean: the mean of the middle half, robust to a stray seed and less noisy than a median."""
-    return sps.trim_mean(values, IQM_TRIM, axis=axis)
+    return sps().trim_mean(values, IQM_TRIM, axis=axis)
 
 
 def iqm_interval(strata: Sequence[np.ndarray], settings: StatsSettings = StatsSettings()
@@ -430,5 +440,5 @@ def rank_agreement(first: Sequence[float], second: Sequence[float]) -> float | N
     (fewer than two items, or one scoring constant)."""
     if len(first) < 2:
         return None
-    tau = float(sps.kendalltau(first, second).statistic)
+    tau = float(sps().kendalltau(first, second).statistic)
     return tau if math.isfinite(tau) else None
