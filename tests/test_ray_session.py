@@ -231,7 +231,7 @@ def test_a_sweep_holds_no_stage_object_once_it_lets_ray_go(monkeypatch, tmp_path
 
     stages: list[weakref.ref] = []
 
-    class Backend:  # what _search_and_replicate asks of ray_backend, for one search stage of one trial
+    class Backend:  # what _search_and_replicate asks of ray_backend: a search of one trial, then one replicate
         class RunSpec:
             def __init__(self, *args, **kwargs) -> None:
                 self.completed = None
@@ -246,6 +246,8 @@ def test_a_sweep_holds_no_stage_object_once_it_lets_ray_go(monkeypatch, tmp_path
             stage = StageObject()
             stages.append(weakref.ref(stage))
             return stage
+
+        run_replicates = run_search
 
         @staticmethod
         def collect(grid, space, spec):
@@ -265,9 +267,9 @@ def test_a_sweep_holds_no_stage_object_once_it_lets_ray_go(monkeypatch, tmp_path
             gc.collect()  # as RaySession does: only what a frame still holds survives this
             raise LettingGo([ref() is not None for ref in stages])
 
-    options = SweepOptions(space="erm", trials=1, replicates=0)
+    options = SweepOptions(space="erm", trials=1, replicates=1)
     prepared = SimpleNamespace(options=options, name="s", storage=tmp_path, space=SimpleNamespace(search={}),
                                selection_metric="val/acc", epochs=1)
     with pytest.raises(LettingGo) as letting_go:
         runner._search_and_replicate(prepared, None, Session(), None, {})
-    assert letting_go.value.args[0] == [False], "the search stage's objects were alive as Ray was let go"
+    assert letting_go.value.args[0] == [False, False], "a stage's objects were alive as Ray was let go"
