@@ -45,8 +45,8 @@ NORMALISATION = ("min-max per dataset over every ranked method's replicate value
 
 @cache
 def sps() -> Any:
-    """scipy.stats, imported on first use: the import takes about 0.4 s, as long as the rest of `compare`'s own
-    imports, and `compare` without --stats, like `results`, computes nothing with it."""
+    """scipy.stats, imported on first use: with this module it was 0.46 s of the 1.34 s `compare` spent importing
+    (benchmarks/README.md), and `compare` without --stats computes nothing with it."""
     from scipy import stats
 
     return stats
@@ -159,8 +159,8 @@ def bootstrap_interval(samples: tuple[np.ndarray, ...], statistic: Callable[...,
             warnings.simplefilter("ignore", sps().DegenerateDataWarning)
             warnings.simplefilter("ignore", RuntimeWarning)
             result = sps().bootstrap(samples, statistic, vectorized=True, method=method,
-                                   confidence_level=settings.confidence, n_resamples=settings.n_resamples,
-                                   rng=np.random.default_rng(settings.seed))
+                                     confidence_level=settings.confidence, n_resamples=settings.n_resamples,
+                                     rng=np.random.default_rng(settings.seed))
         low, high = (float(v) for v in result.confidence_interval)
         if math.isfinite(low) and math.isfinite(high):
             return Interval(low, high, recorded, settings.confidence)
@@ -235,7 +235,7 @@ def permutation(x: np.ndarray, y: np.ndarray, settings: StatsSettings = StatsSet
     """scipy's permutation test of the difference of means (exact when the splits are fewer than n_resamples),
     with a two-sample bootstrap interval of the difference."""
     result = sps().permutation_test((x, y), _mean_difference, vectorized=True, n_resamples=settings.n_resamples,
-                                  rng=np.random.default_rng(settings.seed))
+                                    rng=np.random.default_rng(settings.seed))
     return float(result.pvalue), bootstrap_interval((x, y), _mean_difference, settings)
 
 
