@@ -3,15 +3,18 @@ the benchmark's host, each held by one trial of one of its sweeps; Tune gets a n
 The benchmark end to end, on the session's head: test_benchmark.py::test_a_benchmarks_sweeps_share_one_trial_queue."""
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import BIN, cli, on_head
@@ -20,7 +23,13 @@ from ray.tune.execution.tune_controller import _get_max_pending_trials
 from ray.tune.experiment import Experiment
 from ray.tune.search import BasicVariantGenerator
 
-from raybench.sweep.ray_backend import QueuedSearch, RunSpec, _search_algorithm, sigint_watched_for_the_fit
+from raybench.sweep.ray_backend import (
+    QueuedSearch,
+    RunSpec,
+    _search_algorithm,
+    restored_trial_ids,
+    sigint_watched_for_the_fit,
+)
 from raybench.sweep.ray_trial import Resources
 from raybench.sweep.sampling import SAMPLERS
 from raybench.sweep.trial_slots import TrialSlots, make_slots, slot_files
@@ -69,12 +78,74 @@ def test_a_killed_holder_frees_its_slot(tmp_path):
         holder.wait()
 
 
-def test_a_pickled_queue_keeps_its_folder_and_no_lock(tmp_path):
-    """Tune pickles its search algorithm into the experiment state: the copy must not claim the original's slots."""
+def test_a_pickled_queue_keeps_its_folder_and_no_other_drivers_lock(tmp_path):
+    """Tune pickles its search algorithm into the experiment state: a copy must not claim slots another driver
+    (here, a view other than this process's own) holds."""
     slots = TrialSlots(make_slots(tmp_path / "slots", 1))
     assert slots.take("t")
     copy = pickle.loads(pickle.dumps(slots))
     assert copy.folder == slots.folder and copy.held() == [] and not copy.take("u")  # the original still holds it
+
+
+def test_a_restored_search_frees_the_slots_its_sweep_took_for_the_restored_trials(tmp_path):
+    """On a resume the sweep takes slots for the trials Tune restores, before Tune unpickles the search from the
+    experiment state: that copy must be the process's own slots, so ending a restored trial frees its slot."""
+    folder = make_slots(tmp_path / "slots", 2)
+    TrialSlots.of_this_process(folder).take_for_restored(["restored"])
+    restored = cloudpickle.loads(cloudpickle.dumps(grid_of_seeds(tmp_path, 1, TrialSlots.of_this_process(folder))))
+    assert restored.slots.held() == ["restored"]
+    try:
+        assert TrialSlots(folder).take("another sweep's trial") and not TrialSlots(folder).take("a third")
+        restored.on_trial_complete("restored")
+        assert TrialSlots(folder).take("a third")
+    finally:
+        restored.slots.give_back_all()
+
+
+def test_a_resuming_sweep_gets_freed_slots_before_any_new_trial(tmp_path):
+    """Tune starts the trials a resume restores without asking the search, so the sweep first waits for their
+    slots, holding the gate: a slot freed meanwhile is not a new trial's, or a busy queue could keep it waiting
+    for as long as other sweeps have trials, while two sweeps resuming together could each hold half."""
+    folder = make_slots(tmp_path / "slots", 2)
+    other, resumer = TrialSlots(folder), TrialSlots(folder)
+    assert other.take("a") and other.take("b")
+    waiting, said = threading.Event(), []
+    resuming = threading.Thread(target=resumer.take_for_restored, args=(["r1", "r2"],),
+                                kwargs={"say": lambda text: (said.append(text), waiting.set())}, daemon=True)
+    resuming.start()
+    assert waiting.wait(timeout=30), "the resuming sweep did not wait for the slots others hold"
+    other.give_back("a")
+    assert not TrialSlots(folder).take("a new trial")  # the freed slot is the resuming sweep's
+    other.give_back("b")
+    resuming.join(timeout=30)
+    assert not resuming.is_alive() and resumer.held() == ["r1", "r2"], said
+    assert said == [("resuming: waiting for 2 free slots of the benchmark's trial queue for the trials this sweep "
+                     "restores (other sweeps' trials hold them now)")]
+    resumer.give_back_all()
+    assert TrialSlots(folder).take("a new trial")
+
+
+def test_a_wait_for_restored_trials_slots_stopped_by_a_signal_gives_back_what_it_took(tmp_path):
+    folder = make_slots(tmp_path / "slots", 2)
+    assert TrialSlots(folder).take("another sweep's trial")
+    resumer = TrialSlots(folder)
+
+    def ctrl_c(_text: str) -> None:
+        raise KeyboardInterrupt  # as Python's handler raises it in the waiting sweep's main thread
+
+    with pytest.raises(KeyboardInterrupt):
+        resumer.take_for_restored(["r1", "r2"], say=ctrl_c)
+    assert resumer.held() == [] and TrialSlots(folder).take("a new trial")
+
+
+def test_restored_trials_beyond_a_smaller_cap_are_named_and_the_rest_get_slots(tmp_path):
+    folder = make_slots(tmp_path / "slots", 1)
+    said: list[str] = []
+    resumer = TrialSlots(folder)
+    resumer.take_for_restored(["r1", "r2", "r3"], say=said.append)
+    assert resumer.held() == ["r1"]
+    assert said == [(f"2 of the 3 trials this resume restores start without a trial slot: the queue in {folder} has 1 "
+                     "for them (the benchmark's cap is smaller than it was)")]
 
 
 def test_tune_gets_a_new_trial_only_for_a_free_slot_and_every_ending_frees_it(tmp_path):
@@ -202,6 +273,64 @@ def test_a_sweep_waiting_for_a_slot_stops_at_once_on_ctrl_c_as_interrupted(store
     # (a KeyboardInterrupt: "sweep interrupted") or once Tune waits for a slot ("interrupted during the search").
     assert re.match(r"raybench: sweep ('queued' )?interrupted", last) and last.endswith("--resume"), last
     assert not list((runs / "queued-search" / "completed").glob("*.json"))  # no trial ran
+
+
+def test_a_resumed_sweep_starts_its_restored_trial_only_once_it_holds_a_slot(store_uri, tmp_path, ray_head):
+    """At --address Tune starts the trials a resume restores without asking the queued search for them, so the
+    sweep takes their slots first. A sweep on the session's head is stopped mid-trial (Ctrl-C), another sweep's
+    trial takes the queue's one slot, and the resumed sweep must wait: its trial's trainer starts only after
+    that slot is freed (by the run's own wall-clock record)."""
+    folder, runs = make_slots(tmp_path / "slots", 1), tmp_path / "runs"
+    args = on_head(["sweep", "erm", "--executor", "function", "--trials", "1", "--replicates", "0",
+                    "--trial-slots", str(folder), "--name", "held", "--storage", str(runs), "--tracking-uri", store_uri,
+                    "--set", "epochs=8", "--set", "max_steps_per_epoch=20", "--set", "patience=none"], ray_head)
+    first = _started(args, ray_head, tmp_path, "first.log")
+    try:
+        assert _wait_for(lambda: list((runs / "held-search").glob("*/checkpoint_*")), first), _tail(tmp_path / "first.log")
+        os.killpg(first.pid, signal.SIGINT)  # the event: the trial's first epoch is checkpointed
+        assert first.wait(timeout=180) == 128 + signal.SIGINT, _tail(tmp_path / "first.log")
+    finally:
+        _kill(first)
+    assert len(restored_trial_ids(str(runs / "held-search"))) == 1  # the trial a resume restores mid-run
+
+    other = TrialSlots(folder)
+    assert other.take("another sweep's trial")
+    waiting = "resuming: waiting for 1 free slot of the benchmark's trial queue"
+    resumed = _started([*args, "--resume"], ray_head, tmp_path, "resumed.log")
+    try:
+        _wait_for(lambda: waiting in (tmp_path / "resumed.log").read_text(), resumed)
+        freed_at = time.time()
+        other.give_back("another sweep's trial")
+        assert resumed.wait(timeout=420) == 0, _tail(tmp_path / "resumed.log")
+    finally:
+        _kill(resumed)
+    assert waiting in (tmp_path / "resumed.log").read_text()
+    [record] = [json.loads(p.read_text()) for p in (runs / "held-search" / "completed").glob("*.json")]
+    assert record["time/trainer_started_at"] >= freed_at, (record["time/trainer_started_at"], freed_at)
+
+
+def _started(args: list[str], head: Any, cwd: Path, log_name: str) -> subprocess.Popen:
+    with open(cwd / log_name, "w") as log:
+        return subprocess.Popen([str(BIN / "raybench"), *args], env=head.env, cwd=cwd, start_new_session=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_for(seen: Callable[[], Any], proc: subprocess.Popen, timeout_s: float = 420) -> bool:
+    """Until `seen()` holds or the process ends (bounded): the event a test acts on."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None and not seen():
+        time.sleep(0.2)
+    return bool(seen())
+
+
+def _tail(log: Path) -> str:
+    return log.read_text()[-3000:]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_a_benchmark_at_an_address_refuses_a_storage_without_file_locks_before_it_starts(tmp_path, monkeypatch):

@@ -13,8 +13,8 @@ replicate, or failed) is taken by another's waiting trial, and Ray never runs mo
 A cluster at `--address` declares no such resource, and one declared on a node would pin every trial there; the
 pairs' sweeps all run on the benchmark's host, though, so there the queue is a folder of `max_concurrent_trials`
 slot files beside benchmark.json, and a sweep lets Tune create a trial only once it holds a free slot
-(`--trial-slots`; trial_slots.py, ray_backend.QueuedSearch). The one difference: on a `--resume` the trials Tune
-restores mid-run start without waiting for a slot, where Ray's scheduler would hold them in the queue.
+(`--trial-slots`; trial_slots.py, ray_backend.QueuedSearch). On a `--resume` a sweep takes the slots of the trials
+Tune restores mid-run before it restores them, as Ray's scheduler would hold them in its queue.
 
 What is finished is read from each sweep's own results on disk, never from memory: a resumed benchmark
 never re-runs a finished pair, even one that finished after the benchmark itself was killed.

@@ -455,25 +455,38 @@ def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.
     handler installed when no signal came: whose handler is installed after fit tells whether one came, and the
     caller's is put back either way, so a Ctrl-C between stages is not swallowed."""
     path = str(spec.storage / spec.name)
-    if resume and tune.Tuner.can_restore(path, storage_filesystem=atomic_local_filesystem()):
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
-                                   storage_filesystem=atomic_local_filesystem(),
-                                   restart_errored=False)
-    else:
-        tuner = make_tuner()
-    with sigint_watched_for_the_fit() as handler:
-        try:
-            grid = tuner.fit()
-            signalled = tune_caught_a_signal(handler)
-        except Exception as err:
-            full = FULL_STORAGE.pop(str(spec.storage), None)
-            if full is not None:  # Tune tripped over what the full folder did to it
-                raise full from err
-            raise
+    slots = TrialSlots.of_this_process(spec.trial_slots) if spec.trial_slots is not None else None
+    try:
+        if resume and tune.Tuner.can_restore(path, storage_filesystem=atomic_local_filesystem()):
+            if slots is not None:
+                slots.take_for_restored(restored_trial_ids(path))
+            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
+                                       storage_filesystem=atomic_local_filesystem(), restart_errored=False)
+        else:
+            tuner = make_tuner()
+        with sigint_watched_for_the_fit() as handler:
+            try:
+                grid = tuner.fit()
+                signalled = tune_caught_a_signal(handler)
+            except Exception as err:
+                full = FULL_STORAGE.pop(str(spec.storage), None)
+                if full is not None:  # Tune tripped over what the full folder did to it
+                    raise full from err
+                raise
+    finally:
+        if slots is not None:
+            slots.give_back_all()
     full = FULL_STORAGE.pop(str(spec.storage), None)
     if full is not None:  # StorageWatch stopped the experiment: its unfinished trials resume from their checkpoints
         raise full
     return StageResult(grid, signalled)
+
+
+def restored_trial_ids(path: str) -> list[str]:
+    """The trials a resume starts again without asking the search for them: every one neither finished nor
+    errored (restored with resume_unfinished=True, resume_errored=False: tune_controller._requeue_restored_trials)."""
+    trials = tune.ExperimentAnalysis(path, storage_filesystem=atomic_local_filesystem()).trials
+    return [trial.trial_id for trial in trials if trial.status not in ("TERMINATED", "ERROR")]
 
 
 _SIGINT_HANDLER_BEFORE_FIT: list[Any] = []  # this process's running fit's (one at a time), for QueuedSearch
@@ -555,7 +568,7 @@ def _search_algorithm(searcher: Any, spec: RunSpec) -> tuple[Any, int | None]:
         return searcher, spec.max_concurrent
     inner = (SearchGenerator(ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)) if searcher is not None
              else BasicVariantGenerator(max_concurrent=spec.max_concurrent))
-    return QueuedSearch(inner, TrialSlots(spec.trial_slots)), None
+    return QueuedSearch(inner, TrialSlots.of_this_process(spec.trial_slots)), None
 
 
 class QueuedSearch(SearchAlgorithm):
@@ -569,8 +582,9 @@ class QueuedSearch(SearchAlgorithm):
     sweep whose slots others hold waits. Tune checks for a stop signal only between steps: once its handler
     has caught one (it then puts back the handler it found, as `tune_caught_a_signal` reads), this search says
     it is finished, which ends that wait at once, and the stage ends as interrupted, resumable.
-    The trials Tune restores on a `--resume` were created before: they start without a slot (the cap can be
-    exceeded by them until they end) and new trials wait for free slots as usual."""
+    The trials Tune restores on a `--resume` were created before, and Tune starts them without asking: the sweep
+    takes their slots before it restores them (`_fit_or_resume`, TrialSlots.take_for_restored), and this search,
+    unpickled from the experiment state as the same process's slots, frees each when Tune ends its trial."""
 
     PENDING = "(next trial)"
 
