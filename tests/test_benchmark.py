@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
+from clusters import LocalHead, port_plan
 from conftest import BIN, REPO, cli, on_head, processes_under, run_cli
 from mlflow import MlflowClient
 
@@ -195,6 +197,25 @@ def _run_intervals(storage: Path, sweep: str) -> list[tuple[float, float]]:
     return [(r["time/trainer_started_at"], r["time/reported_at"]) for r in records]
 
 
+def _trial_steps_on(head: LocalHead, since: float) -> list[tuple[str, float, float]]:
+    """Every step (`train` call) of a Tune trial's actor that the head ran since `since`, from Ray's own task
+    records through the state API on the head's dashboard: (actor, start, end), seconds by the wall clock. A
+    function trial trains only inside these calls (its training thread waits between reports)."""
+    query = ("import json, sys; from ray.util.state import list_tasks; "
+             "tasks = list_tasks(address=sys.argv[1], filters=[('type', '=', 'ACTOR_TASK')], detail=True, "
+             "limit=10000, raise_on_missing_output=False); "
+             "print(json.dumps([[t.name, t.actor_id, t.start_time_ms, t.end_time_ms] for t in tasks]))")
+    dashboard = f"http://127.0.0.1:{port_plan(head.env)['DASHBOARD_PORT']}"
+    done = subprocess.run([sys.executable, "-c", query, dashboard], env=head.env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tasks = json.loads(done.stdout.strip().splitlines()[-1])
+    steps = [(actor, start / 1000, (end or time.time() * 1000) / 1000) for name, actor, start, end in tasks
+             if name.endswith(".train") and start and start / 1000 >= since]
+    assert steps, sorted({name for name, *_ in tasks})
+    return steps
+
+
 def _most_at_once(intervals: list[tuple[float, float]]) -> int:
     events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
     running = most = 0
@@ -221,6 +242,7 @@ def test_a_benchmarks_sweeps_share_one_trial_queue(cluster, store_uri, tmp_path,
     else:
         head = request.getfixturevalue("ray_head")
         args, env, queue_words = on_head(args, head), head.env, f"--trial-slots {runs / 'q' / SLOTS_FOLDER}"
+    started = time.time()
     result = run_cli(args, env, tmp_path, timeout=900)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # the broken pair
     assert "1 of 2 pairs finished, 1 failed" in result.stdout
@@ -228,6 +250,9 @@ def test_a_benchmarks_sweeps_share_one_trial_queue(cluster, store_uri, tmp_path,
     assert f"--max-concurrent 2 {queue_words}" in coral_log, coral_log[:2000]
     coral = _run_intervals(runs, "q-coral-digits-shift")
     assert len(coral) == 4 and _most_at_once(coral) == 2, coral
+    if cluster == "address":  # and as Ray itself saw it: the trials' steps its head ran, from its task records
+        steps = _trial_steps_on(request.getfixturevalue("ray_head"), since=started)
+        assert len({actor for actor, _, _ in steps}) >= 2 and _most_at_once([(a, b) for _, a, b in steps]) == 2, steps
 
 
 def test_a_killed_benchmark_resumes_only_the_pairs_not_finished(store_uri, tmp_path, ray_head):
