@@ -10,15 +10,19 @@ Runs the same benchmark file through `raybench benchmark` once per mode, each ti
 - **one queue at --address** (`slots`): this checkout on a Ray that declares no queue, joined with `--address`:
   the queue is the benchmark's slot folder on this host (raybench/sweep/trial_slots.py).
 
+A mode may name how many sweeps run at once (`queue@3`: the benchmark file's copy with `sweeps_at_once: 3`), which
+in the trial queue may exceed the cap: a sweep starting up, or between its stages, leaves its slot to another's.
+
 For each it prints the wall time, the busy slot-seconds (the sum of every run's wall seconds, as the runs' own
 completed records give them) and the slot utilisation, busy / (cap x wall). Goal (issue #24): utilisation
 >= 0.90 with the queue, and a lower wall time than the static split's in the same run.
 
-    .venv/bin/python benchmarks/trial_queue.py [GRID] [--order static,queue,slots] [--before REVISION]
+    .venv/bin/python benchmarks/trial_queue.py [GRID] [--order static,queue,slots,queue@3] [--before REVISION]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -53,6 +57,16 @@ def busy_slot_seconds(storage: Path) -> tuple[float, int]:
 
     walls = [json.loads(path.read_text()).get(WALL_S, 0.0) for path in storage.glob("*/completed/*.json")]
     return float(sum(walls)), len(walls)
+
+
+def with_sweeps_at_once(grid: Path, at_once: int, root: Path) -> Path:
+    """A copy of the benchmark file beside the measurement's files, with `sweeps_at_once` set."""
+    import yaml
+
+    body = {**yaml.safe_load(grid.read_text()), "sweeps_at_once": at_once}
+    copy = root / f"{grid.stem}@{at_once}.yaml"
+    copy.write_text(yaml.safe_dump(body, sort_keys=False))
+    return copy
 
 
 def run_benchmark(grid: Path, root: Path, address: str | None, env: dict[str, str]) -> tuple[float, int]:
@@ -113,16 +127,24 @@ def main() -> None:
           f"{benchmark.sweeps_at_once} sweeps at once; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs; files under {root}", flush=True)
     results = []
-    for mode in args.order.split(","):
-        results.append(measure(mode, Path(args.grid).resolve(), benchmark.max_concurrent_trials, root / mode, before))
+    for spec in args.order.split(","):
+        mode, _, at_once = spec.partition("@")
+        grid = Path(args.grid).resolve() if not at_once else with_sweeps_at_once(Path(args.grid), int(at_once), root)
+        results.append(dataclasses.replace(measure(mode, grid, benchmark.max_concurrent_trials, root / spec, before),
+                                           mode=spec))
         r = results[-1]
         print(f"{r.mode:7s} exit {r.exit_code}  wall {r.wall_s:8.1f} s  busy {r.busy_slot_s:8.1f} slot-s over "
               f"{r.runs} runs  utilisation {r.utilisation:.3f}", flush=True)
     by_mode = {r.mode: r for r in results}
-    for queued in ("queue", "slots"):
-        if {"static", queued} <= by_mode.keys():
+    for queued in (mode for mode in by_mode if mode.startswith(("queue", "slots"))):
+        if "static" in by_mode:
             print(f"{queued} / static wall: {by_mode[queued].wall_s / by_mode['static'].wall_s:.3f}; utilisation goal "
                   f">= 0.90 with {queued}: {'met' if by_mode[queued].utilisation >= 0.90 else 'missed'}")
+    for spec, r in by_mode.items():
+        base = by_mode.get(spec.partition("@")[0])
+        if "@" in spec and base is not None:
+            print(f"{spec} / {base.mode} wall: {r.wall_s / base.wall_s:.3f}; utilisation {r.utilisation:.3f} against "
+                  f"{base.utilisation:.3f}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -95,7 +96,6 @@ def test_the_embedded_grid_pairs_each_resolve_on_their_dataset():
     ({"set": {"lr": -1}}, "set.lr"),
     ({"exclude": [{"datasets": ["digits-shift"], "spaces": ["erm"]}]}, "exclude[0].reason"),
     ({"pairs": [{"dataset": "digits-shift", "space": "dann"}]}, "pairs[0]: expected a pair of the grid"),
-    ({"sweeps_at_once": 3, "max_concurrent_trials": 2}, "sweeps_at_once: expected at most max_concurrent_trials"),
     ({"trials": 0}, "trials: expected an integer >= 1"),
     ({"colour": "red"}, "colour: expected one of the keys"),
 ])
@@ -146,6 +146,54 @@ def test_in_the_trial_queue_every_sweep_may_run_the_whole_cap_each_trial_holding
     words = sweep_command(benchmark.pairs[0], benchmark, BenchmarkOptions(tmp_path, "sqlite:///x.db"), target, False)
     assert words[words.index("--max-concurrent") + 1] == "5"
     assert words[words.index("--trial-resource") + 1] == f"{TRIAL_SLOT}=1"
+
+
+class _HeldSweep:
+    """A stand-in sweep process that runs until the test lets every one end."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release, self.returncode, self.pid = release, None, 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.release.wait(timeout=120), "the test never let the sweeps end"
+        self.returncode = 1
+        return 1
+
+
+@pytest.mark.parametrize("queued, at_once", [(True, 3), (False, 2)])
+def test_more_sweeps_than_slots_run_at_once_only_in_a_trial_queue(queued, at_once, tmp_path, monkeypatch):
+    """In the queue a running sweep holds a slot only while a trial of its own runs, so `sweeps_at_once` may
+    exceed the cap (3 sweeps, 2 slots): one starting up leaves its slot to another's trial. Without a queue each
+    running sweep needs a slot of its own, so no more sweeps start than the cap."""
+    from raybench.sweep import benchmark as bench
+
+    body = {"name": "b", **SMOKE, "max_concurrent_trials": 2, "sweeps_at_once": 3,
+            "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral", "dann"]}]}
+    benchmark = load_benchmark(str(write_yaml(tmp_path / "bench.yaml", body)))
+    release, started = threading.Event(), []
+
+    def launch(pair: Pair, command: list[str], log_path: Path) -> bench.Running:
+        started.append(pair.sweep)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("raybench: error: a stand-in\n")
+        return bench.Running(pair, _HeldSweep(release), time.time(), open(log_path))  # the runner closes it
+
+    monkeypatch.setattr(bench, "launch", launch)
+    options = BenchmarkOptions(tmp_path / "runs", "sqlite:///x.db", progress_every_s=0.05)
+    target = SweepTarget("127.0.0.1:1", "sqlite:///x.db", "run", queued=queued)
+    state = bench.bench_dir(options.storage, benchmark) / bench.STATE_FILE
+    state.parent.mkdir(parents=True)
+    waiting = threading.Event()  # the runner's progress line: it has started what it may and waits for an end
+    runner = bench.PairRunner(benchmark, options, bench.load_records(state, benchmark), target, state,
+                              lambda line: waiting.set() if line.startswith("benchmark b:") else None)
+    running = threading.Thread(target=runner.run, daemon=True)
+    running.start()
+    assert waiting.wait(timeout=60)
+    assert len(started) == at_once, started
+    release.set()
+    running.join(timeout=60)
+    assert not running.is_alive() and len(started) == 3
+    assert benchmark.unqueued_sweeps_at_once * benchmark.trials_per_sweep <= benchmark.max_concurrent_trials
 
 
 # ----- end to end -------------------------------------------------------------------------------------

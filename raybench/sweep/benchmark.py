@@ -467,6 +467,10 @@ class SweepTarget:
     queued: bool = False  # the cluster declares the benchmark's trial queue (its private Ray does)
     slots: Path | None = None  # else the queue's slot folder on this host (trial_slots.py), at --address
 
+    def sweeps_at_once(self, benchmark: Benchmark) -> int:
+        """The benchmark's `sweeps_at_once` in a trial queue; without one, no more sweeps than the cap."""
+        return benchmark.sweeps_at_once if self.queued or self.slots is not None else benchmark.unqueued_sweeps_at_once
+
 
 class PairRunner:
     """Keeps `sweeps_at_once` sweep processes running until every pair not finished yet has had its turn."""
@@ -484,7 +488,7 @@ class PairRunner:
         progress = Progress(self.benchmark, self.options.storage, self.say)
         try:
             while waiting or self.running:
-                while waiting and len(self.running) < self.benchmark.sweeps_at_once:
+                while waiting and len(self.running) < self.target.sweeps_at_once(self.benchmark):
                     self._start(waiting.pop(0))
                 try:
                     job = self.ended.get(timeout=self.options.progress_every_s)

@@ -99,11 +99,16 @@ class Benchmark:
     refused: list[Refused]
 
     @property
+    def unqueued_sweeps_at_once(self) -> int:
+        """How many sweeps may run at once without a trial queue (a sweep target a library caller builds; a
+        benchmark's own runs always have one): each needs a slot of its own, so no more than the cap."""
+        return min(self.sweeps_at_once, self.max_concurrent_trials)
+
+    @property
     def trials_per_sweep(self) -> int:
         """Each running sweep's static share of the benchmark's trial cap, for a sweep target without a trial
-        queue (one a library caller builds; a benchmark's own runs always have one), so the running trials
-        never exceed the cap."""
-        return max(1, self.max_concurrent_trials // self.sweeps_at_once)
+        queue, so the running trials never exceed the cap."""
+        return max(1, self.max_concurrent_trials // self.unqueued_sweeps_at_once)
 
 
 def load_benchmark(path_text: str) -> Benchmark:
@@ -135,10 +140,9 @@ def parse_benchmark(data: Any, path: Path) -> Benchmark:
     runnable = [(d, s) for d, s in grid if (d, s) not in excluded]
     if not runnable:
         raise BenchmarkError(path, "grid", data.get("grid"), "at least one pair that `exclude` does not rule out")
+    # More sweeps than slots is allowed: in the trial queue a running sweep holds a slot only while a trial of its
+    # own runs, so a sweep starting up or between its stages leaves its slot to another's trial.
     at_once = _count(data, "sweeps_at_once", path, "sweeps_at_once", 1, min(cap, len(runnable)), MAX_CONCURRENT)
-    if at_once > cap:
-        raise BenchmarkError(path, "sweeps_at_once", at_once, f"at most max_concurrent_trials ({cap}), since every "
-                                                                f"running sweep runs at least one trial")
     defaults = {"trials": _count(data, "trials", path, "trials", 1, 10, MAX_TRIALS),
                 "replicates": _count(data, "replicates", path, "replicates", 1, None, MAX_REPLICATES),
                 "set": _settings(data.get("set"), path, "set")}
