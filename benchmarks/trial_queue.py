@@ -116,6 +116,11 @@ def main() -> None:
     parser.add_argument("--order", default="static,queue,slots", help="the modes, in the order they run")
     parser.add_argument("--before", default=BEFORE, help="the revision whose static split `static` runs")
     args = parser.parse_args()
+    for spec in args.order.split(","):
+        mode, at, at_once = spec.partition("@")
+        if mode not in ("static", "queue", "slots") or (at and not at_once.isdigit()) or at_once.startswith("0"):
+            parser.error(f"--order: expected modes among static, queue, slots, each optionally @N sweeps at once "
+                         f"(N >= 1), got {spec!r}")
     from trial_imports import export
 
     from raybench.sweep.benchmark_file import load_benchmark

@@ -125,6 +125,31 @@ def test_a_resuming_sweep_gets_freed_slots_before_any_new_trial(tmp_path):
     assert TrialSlots(folder).take("a new trial")
 
 
+def test_a_second_resuming_sweep_waits_its_turn_holding_nothing_and_says_so(tmp_path):
+    folder = make_slots(tmp_path / "slots", 2)
+    other, first, second = TrialSlots(folder), TrialSlots(folder), TrialSlots(folder)
+    assert other.take("a") and other.take("b")
+    first_waits, second_waits, said = threading.Event(), threading.Event(), []
+    threads = [threading.Thread(target=resumer.take_for_restored, args=(owners,), daemon=True,
+                                kwargs={"say": lambda text, event=event: (said.append(text), event.set())})
+               for resumer, owners, event in ((first, ["f1", "f2"], first_waits), (second, ["s1"], second_waits))]
+    threads[0].start()
+    assert first_waits.wait(timeout=30)  # the first holds the gate, waiting for slots
+    threads[1].start()
+    assert second_waits.wait(timeout=30)
+    assert said[1] == ("resuming: waiting for another sweep of the benchmark to take the slots of the trials it "
+                       "restores first")
+    other.give_back("a")
+    other.give_back("b")
+    threads[0].join(timeout=30)
+    assert first.held() == ["f1", "f2"] and second.held() == []  # both freed slots went to the first in line
+    first.give_back("f1")
+    threads[1].join(timeout=30)
+    assert not threads[1].is_alive() and second.held() == ["s1"]
+    first.give_back_all()
+    second.give_back_all()
+
+
 def test_a_wait_for_restored_trials_slots_stopped_by_a_signal_gives_back_what_it_took(tmp_path):
     folder = make_slots(tmp_path / "slots", 2)
     assert TrialSlots(folder).take("another sweep's trial")
@@ -298,7 +323,8 @@ def test_a_resumed_sweep_starts_its_restored_trial_only_once_it_holds_a_slot(sto
     waiting = "resuming: waiting for 1 free slot of the benchmark's trial queue"
     resumed = _started([*args, "--resume"], ray_head, tmp_path, "resumed.log")
     try:
-        _wait_for(lambda: waiting in (tmp_path / "resumed.log").read_text(), resumed)
+        assert _wait_for(lambda: waiting in (tmp_path / "resumed.log").read_text(), resumed), \
+            _tail(tmp_path / "resumed.log")  # the restored trial must wait for the slot, not start beside it
         freed_at = time.time()
         other.give_back("another sweep's trial")
         assert resumed.wait(timeout=420) == 0, _tail(tmp_path / "resumed.log")

@@ -134,7 +134,12 @@ class TrialSlots:
             wanted = wanted[:max(room, 0)]
         gate = self._open_gate()
         try:
-            fcntl.flock(gate, fcntl.LOCK_EX)  # another resuming sweep's turn first: it waits holding no slot
+            try:
+                fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another resuming sweep's turn first: this one waits holding no slot
+                say("resuming: waiting for another sweep of the benchmark to take the slots of the trials it "
+                    "restores first")
+                fcntl.flock(gate, fcntl.LOCK_EX)
             told = False
             for owner in wanted:
                 while not self._take_free(owner):
