@@ -17,6 +17,12 @@ For each it prints the wall time, the busy slot-seconds (the sum of every run's 
 completed records give them) and the slot utilisation, busy / (cap x wall). Goal (issue #24): utilisation
 >= 0.90 with the queue, and a lower wall time than the static split's in the same run.
 
+It also says where the idle slot-seconds went (`idle_by_handover`): before each slot's first run and after its
+last, and in the gaps between one run's end and the next run's start on a slot, by what the next run is: the
+same stage of the same sweep (Tune hands the trial's process to its next trial), the sweep's next stage (a new
+Tuner, new trial processes), or another sweep's trial (a new trial process). A run's wall starts when its trial
+function starts, so a new trial process's start and imports fall in the gap before it.
+
     .venv/bin/python benchmarks/trial_queue.py [GRID] [--order static,queue,slots,queue@3] [--before REVISION]
 """
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Measured:
     runs: int
     cap: int
     exit_code: int
+    idle: Idle | None = None
 
     @property
     def utilisation(self) -> float:
@@ -59,6 +66,78 @@ def busy_slot_seconds(storage: Path) -> tuple[float, int]:
     return float(sum(walls)), len(walls)
 
 
+@dataclass(frozen=True)
+class RunSpan:
+    """One run's wall, by the wall clock, and the stage folder it belongs to (`<sweep>-search`,
+    `<sweep>-replicate-<trial>`)."""
+
+    start: float
+    end: float
+    stage: str
+
+    @property
+    def sweep(self) -> str:
+        return self.stage.rsplit("-search", 1)[0].split("-replicate-")[0]
+
+
+def run_spans(storage: Path) -> list[RunSpan]:
+    """Every run's span: it ends `time/wall_s` after its trial function started, which is its trainer's start
+    less its start-up (both in its completed record)."""
+    from raybench.report_keys import TIME_PREFIX, WALL_S
+
+    spans = []
+    for path in storage.glob("*/completed/*.json"):
+        record = json.loads(path.read_text())
+        start = record[f"{TIME_PREFIX}trainer_started_at"] - record[f"{TIME_PREFIX}startup_s"]
+        spans.append(RunSpan(start, start + record[WALL_S], path.parent.parent.name))
+    return sorted(spans, key=lambda span: span.start)
+
+
+HANDOVERS = ("same stage", "next stage", "another sweep")
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Idle slot-seconds: at the edges (before a slot's first run, after its last) and in the gaps between runs
+    on a slot, by hand-over kind (HANDOVERS), with each kind's number of gaps."""
+
+    edges_s: float
+    gaps_s: dict[str, float]
+    gaps: dict[str, int]
+
+    def text(self) -> str:
+        kinds = ", ".join(f"{kind} {self.gaps[kind]} gaps {self.gaps_s[kind]:.1f} slot-s"
+                          + (f" ({self.gaps_s[kind] / self.gaps[kind]:.2f} s each)" if self.gaps[kind] else "")
+                          for kind in HANDOVERS)
+        return f"idle: edges {self.edges_s:.1f} slot-s; between runs: {kinds}"
+
+
+def idle_by_handover(spans: list[RunSpan], cap: int, started: float, ended: float) -> Idle:
+    """Where the idle slot-seconds went. Runs are laid onto `cap` slots in order of start, each on the slot that
+    freed last before it started (a reused trial process's next trial starts about 0.1 s after the last one
+    ended, so this pairs them); a run that overlaps every slot (clock skew) takes the one that freed first.
+    An inference from the records: Ray does not say which slot a run held."""
+    free_at: list[float] = [started] * cap
+    last: list[RunSpan | None] = [None] * cap
+    gaps_s, gaps = dict.fromkeys(HANDOVERS, 0.0), dict.fromkeys(HANDOVERS, 0)
+    edges = 0.0
+    for span in spans:
+        free = [i for i in range(cap) if free_at[i] <= span.start]
+        slot = max(free, key=lambda i: free_at[i]) if free else min(range(cap), key=lambda i: free_at[i])
+        gap = max(0.0, span.start - free_at[slot])
+        before = last[slot]
+        if before is None:
+            edges += gap
+        else:
+            kind = ("same stage" if before.stage == span.stage else
+                    "next stage" if before.sweep == span.sweep else "another sweep")
+            gaps_s[kind] += gap
+            gaps[kind] += 1
+        free_at[slot], last[slot] = max(free_at[slot], span.end), span
+    edges += sum(max(0.0, ended - free) for free in free_at)
+    return Idle(edges, gaps_s, gaps)
+
+
 def with_sweeps_at_once(grid: Path, at_once: int, root: Path) -> Path:
     """A copy of the benchmark file beside the measurement's files, with `sweeps_at_once` set."""
     import yaml
@@ -69,14 +148,15 @@ def with_sweeps_at_once(grid: Path, at_once: int, root: Path) -> Path:
     return copy
 
 
-def run_benchmark(grid: Path, root: Path, address: str | None, env: dict[str, str]) -> tuple[float, int]:
+def run_benchmark(grid: Path, root: Path, address: str | None, env: dict[str, str]) -> tuple[float, float, int]:
+    """(when it started by the wall clock, its wall seconds, its exit code)"""
     command = [sys.executable, "-m", "raybench.cli", "benchmark", str(grid), "--storage", str(root / "runs"),
                "--tracking-uri", f"sqlite:///{root}/mlflow.db", "--progress-every", "60"]
     command += ["--address", address] if address else []
-    started = time.monotonic()
+    started, clock = time.time(), time.monotonic()
     with open(root / "benchmark.log", "w") as log:
         code = subprocess.run(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    return time.monotonic() - started, code
+    return started, time.monotonic() - clock, code
 
 
 def measure(mode: str, grid: Path, cap: int, root: Path, before: Path) -> Measured:
@@ -100,12 +180,13 @@ def measure(mode: str, grid: Path, cap: int, root: Path, before: Path) -> Measur
             else:
                 os.environ[key] = value
     try:
-        wall, code = run_benchmark(grid, root, address, env)
+        started, wall, code = run_benchmark(grid, root, address, env)
     finally:
         if address:
             backend.shutdown()
     busy, runs = busy_slot_seconds(root / "runs")
-    return Measured(mode, wall, busy, runs, cap, code)
+    idle = idle_by_handover(run_spans(root / "runs"), cap, started, started + wall)
+    return Measured(mode, wall, busy, runs, cap, code, idle)
 
 
 def main() -> None:
@@ -140,6 +221,7 @@ def main() -> None:
         r = results[-1]
         print(f"{r.mode:7s} exit {r.exit_code}  wall {r.wall_s:8.1f} s  busy {r.busy_slot_s:8.1f} slot-s over "
               f"{r.runs} runs  utilisation {r.utilisation:.3f}", flush=True)
+        print(f"        {r.idle.text()}", flush=True)
     by_mode = {r.mode: r for r in results}
     for queued in (mode for mode in by_mode if mode.startswith(("queue", "slots"))):
         if "static" in by_mode:
