@@ -151,6 +151,11 @@ class TrialRecord:
                    checkpoint=data.get("checkpoint"), node=data.get("node"))
 
 
+def _importances(data: Mapping[str, Any]) -> Importances | None:
+    found = _optional(data, "importances", dict)
+    return None if found is None else Importances.from_json(found)
+
+
 def _records(data: list[Any], where: str) -> list[TrialRecord]:
     return [TrialRecord.from_json(item, f"{where}[{i}]") for i, item in enumerate(data)]
 
@@ -219,6 +224,78 @@ class StoredRun:
         return cls(**found) if found else None
 
 
+@dataclass(frozen=True)
+class ParamImportance:
+    """One searched hyperparameter: how it was rated and its importance, or why it has none."""
+
+    name: str
+    scale: str  # log, linear or categorical: the scale it was rated on
+    share: float | None = None  # its part of the summed main effects (the shares add to 1); None when not rated
+    main_effect: float | None = None  # the fraction of the forest's variance its main effect explains alone
+    reason: str | None = None  # why it was not rated
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "scale": self.scale, "share": self.share, "main_effect": self.main_effect,
+                "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> ParamImportance:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where!r} missing or not a dict")
+        return cls(_required(data, "name", str, f"{where}."), _required(data, "scale", str, f"{where}."),
+                   _optional(data, "share", float, f"{where}."), _optional(data, "main_effect", float, f"{where}."),
+                   _optional(data, "reason", str, f"{where}."))
+
+
+@dataclass(frozen=True)
+class Importances:
+    """What raybench.sweep.importance.importances found for one sweep: the evaluator, which trials it counted, each searched
+    hyperparameter (rated ones first, most important first), how much of the metric's variance the main effects
+    explain, and the caveats a reader must know before trusting the numbers (`notes`)."""
+
+    metric: str
+    evaluator: str
+    n_trials: int  # the trials counted
+    n_search_trials: int  # every search trial, counted or not
+    params: tuple[ParamImportance, ...]
+    explained: float | None = None  # the main effects' summed fraction of the forest's variance; None: none rated
+    notes: tuple[str, ...] = ()
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """Each rated hyperparameter's share, most important first: the column `compare` shows."""
+        return {p.name: p.share for p in self.params if p.share is not None}
+
+    @property
+    def counted_line(self) -> str:
+        return (f"counted {self.n_trials} of {self.n_search_trials} trials: those that finished (to their end or "
+                f"stopped early) with a finite {self.metric}")
+
+    @property
+    def explained_line(self) -> str | None:
+        if self.explained is None:
+            return None
+        return (f"shares of the summed main effects; the main effects explain {100 * self.explained:.0f}% of the "
+                "forest's variance, the rest is interactions and noise")
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields `results --format json` (and `compare --format json`) carry under `importances`."""
+        return {"metric": self.metric, "evaluator": self.evaluator, "n_trials": self.n_trials,
+                "n_search_trials": self.n_search_trials, "explained": self.explained,
+                "params": [p.to_json() for p in self.params], "notes": list(self.notes)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "importances") -> Importances:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where!r} is not a dict")
+        params = _required(data, "params", list, f"{where}.")
+        return cls(_required(data, "metric", str, f"{where}."), _required(data, "evaluator", str, f"{where}."),
+                   _required(data, "n_trials", int, f"{where}."), _required(data, "n_search_trials", int, f"{where}."),
+                   tuple(ParamImportance.from_json(p, f"{where}.params[{i}]") for i, p in enumerate(params)),
+                   _optional(data, "explained", float, f"{where}."),
+                   tuple(str(note) for note in _optional(data, "notes", list, f"{where}.") or []))
+
+
 @dataclass(kw_only=True)
 class SweepSummary:
     """A sweep's results/summary.json: what it searched and how it selected, every trial, the selected one, its
@@ -244,11 +321,14 @@ class SweepSummary:
     compute: dict[str, dict[str, float]] | None = None  # per stage (search, replicates): runs, wall_s, cpu_s, gpu_s
     tracking: dict[str, float] | None = None  # what the driver asked of the MLflow store (TrackingStats)
     mlflow: dict[str, str] | None = None  # the parent run: experiment_id, run_id
+    # Which hyperparameters mattered, as the sweep rated them when it wrote this summary, so `results` and
+    # `compare --stats` read them instead of fitting fANOVA's forest again; None: written before they were kept
+    importances: Importances | None = None
     stored: StoredRun | None = None
 
     # Keys written only when they have a value: a summary that lacked them (written before they existed, or before
     # the sweep recorded them) writes back without them. Every other key is always written.
-    WRITTEN_WHEN_SET = ("report", "compute", "tracking", "mlflow")
+    WRITTEN_WHEN_SET = ("report", "compute", "tracking", "mlflow", "importances")
 
     def to_json(self) -> dict[str, Any]:
         """The summary as raybench has always written it, key for key and in order; schema_version is left out of
@@ -262,7 +342,8 @@ class SweepSummary:
             "trials": [t.to_json(public=True) for t in self.trials],
             "selected": self.selected.to_json(public=True) if self.selected else None,
             "replicates": self.replicates.to_json(), "wall_seconds": self.wall_seconds, "compute": self.compute,
-            "tracking": self.tracking, "mlflow": self.mlflow}
+            "tracking": self.tracking, "mlflow": self.mlflow,
+            "importances": self.importances.to_json() if self.importances else None}
         if not self.schema_version:
             del data[SCHEMA_VERSION]
         data = {k: v for k, v in data.items() if v is not None or k not in self.WRITTEN_WHEN_SET}
@@ -287,11 +368,20 @@ class SweepSummary:
             selected=None if selected is None else TrialRecord.from_json(selected, "selected"),
             replicates=Replicates.from_json(data["replicates"]), wall_seconds=data.get("wall_seconds", 0.0),
             compute=_optional(data, "compute", dict), tracking=_optional(data, "tracking", dict),
-            mlflow=_optional(data, "mlflow", dict), stored=StoredRun.from_json(data))
+            mlflow=_optional(data, "mlflow", dict), importances=_importances(data), stored=StoredRun.from_json(data))
 
     @property
     def finished(self) -> bool:
         return self.state == SweepState.FINISHED
+
+    @property
+    def recorded_importances(self) -> Importances | None:
+        """The importances this summary keeps, if they were rated over its own trials and selection metric: None
+        when it keeps none, or when its trials or metric were changed after they were rated."""
+        found = self.importances
+        if found is None or found.n_search_trials != len(self.trials) or found.metric != self.selection.metric:
+            return None
+        return found
 
     @property
     def state_line(self) -> str | None:

@@ -10,7 +10,8 @@ from conftest import on_head, run_cli
 from mlflow.tracking import MlflowClient
 
 from raybench.data import load_dataset
-from raybench.records import TrialRecord, TrialStatus
+from raybench.records import SweepSummary, TrialRecord, TrialStatus
+from raybench.sweep.importance import importances
 from raybench.sweep.progress import StageProgress
 from raybench.sweep.results import select_best
 from raybench.sweep.space import load_space
@@ -98,6 +99,9 @@ def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_ep
     best = max(summary["trials"], key=lambda t: t["selection_value"])
     assert summary["selected"]["trial_id"] == best["trial_id"] == by_lr[GOOD_LR]["trial_id"]
     assert summary["replicates"]["runs"][0]["status"] == "ok"  # replicates run all their epochs
+    kept = SweepSummary.from_json(summary)  # the importances the sweep rated, kept for `results` to read
+    assert kept.importances is not None and kept.importances.n_search_trials == 3
+    assert kept.recorded_importances == importances(kept)  # what rating the written trials again gives
 
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("raybench")

@@ -12,7 +12,8 @@ What each command may not import is what it does not import today. Still importe
 - `space show`, `space draw`: torch, since they load the dataset;
 - `results`, `compare`: MLflow, which reads the tracking store (stubbed here, so no store is needed);
   scipy.stats (about 0.4 s) only where they compute with it: `compare --stats`, and `results` for a sweep with
-  enough trials to rate importances (fANOVA imports it).
+  enough trials to rate importances that did not keep them in its summary (fANOVA imports it, and scikit-learn);
+  a sweep keeps what it rated, and `results` of such a sweep imports neither.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from raybench.cli import main
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     code = main(argv)
-heavy = sorted(name for name in ("torch", "ray", "mlflow", "scipy.stats") if name in sys.modules)
+heavy = sorted(name for name in ("torch", "ray", "mlflow", "scipy.stats", "sklearn") if name in sys.modules)
 print(json.dumps({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "imported": heavy}))
 """
 
@@ -65,13 +66,18 @@ CASES = [
 ]
 
 
-def recorded_sweep(path: Path) -> Path:
-    """A finished sweep's summary, as `results` and `compare` read it back from the store."""
+def recorded_sweep(path: Path, kept_importances: bool = False) -> Path:
+    """A finished sweep's summary, as `results` and `compare` read it back from the store: as a sweep wrote it
+    before it kept its importances, or (`kept_importances`) with them."""
     trials = [TrialRecord(order=i, trial_id=f"t{i}", seed=0, status=TrialStatus.OK, sampled={"lr": 10.0 ** -i},
                           selection_value=0.5 + i / 10) for i in range(1, 4)]
     summary = SweepSummary(name="demo", dataset="digits-shift", algorithm="erm", state=SweepState.FINISHED,
                            space_scales={"lr": "log"}, selection=Selection("ood_val", "val/acc", "OOD val"),
                            trials=trials, replicates=Replicates())
+    if kept_importances:
+        from raybench.sweep.importance import importances
+
+        summary.importances = importances(summary)
     path.write_text(json.dumps(summary.to_json()))
     return path
 
@@ -104,3 +110,14 @@ def test_a_command_that_reads_declarations_imports_no_heavy_package(argv, forbid
         first, ran = ran, run_probe(argv, summary, tmp_path, env)
         assert ran["stdout"] == first["stdout"] != ""
     assert [name for name in ran["imported"] if name in forbidden] == []
+
+
+def test_results_of_a_sweep_that_kept_its_importances_fits_no_forest(tmp_path):
+    """The same three-trial sweep as `results demo` above, with the importances it rated kept in its summary:
+    `results` prints them without importing fANOVA's scikit-learn or scipy.stats."""
+    summary = recorded_sweep(tmp_path / "summary.json", kept_importances=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAYBENCH_CACHE_DIR": str(tmp_path / "memo")}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    ran = run_probe(["results", "demo", "--tracking-uri", "sqlite:///unused.db"], summary, tmp_path, env)
+    assert "hyperparameter importance for val/acc" in ran["stdout"]
+    assert [name for name in ran["imported"] if name in ("torch", "ray", "scipy.stats", "sklearn")] == []

@@ -13,7 +13,7 @@ from conftest import cli
 
 from raybench.records import Replicates, Selection, SweepSummary, TrialRecord, TrialStatus
 from raybench.sweep import plots
-from raybench.sweep.importance import MIN_TRIALS, importances, table_lines
+from raybench.sweep.importance import MIN_TRIALS, importances, sweep_importances, table_lines
 from raybench.sweep.results import markdown
 
 SCALES = {"lr": "log", "weight_decay": "linear"}
@@ -187,3 +187,34 @@ def test_too_few_trials_are_answered_without_importing_fanova():
             "assert 'optuna.importance' not in sys.modules and 'sklearn' not in sys.modules, 'fANOVA was imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_results_shows_the_importances_the_sweep_kept_without_fitting_the_forest_again(monkeypatch, capsys):
+    """A finished sweep keeps what it rated in summary.json; `results` reads that instead of fitting fANOVA again
+    (here fitting would fail, so a table that reads 'fANOVA failed' means it fitted)."""
+    import raybench.tracking
+    from raybench.sweep import importance
+
+    summary = sweep()
+    kept = replace(summary, importances=importances(summary))
+    monkeypatch.setattr(importance, "_main_effects", lambda encoded, values: 1 / 0)
+    monkeypatch.setattr(raybench.tracking, "load_sweep_results", lambda uri, name: kept)
+    args = ["results", "demo", "--tracking-uri", "sqlite:///unused.db"]
+    table = cli(args, capsys).stdout
+    assert "fANOVA failed" not in table
+    assert [line.split()[:2] for line in table.splitlines() if line.startswith("  lr ")] == [["lr", "(log)"]]
+    assert json.loads(cli([*args, "--format", "json"], capsys).stdout)["importances"] == kept.importances.to_json()
+    monkeypatch.setattr(raybench.tracking, "load_sweep_results", lambda uri, name: summary)  # one that kept none
+    assert "fANOVA failed" in cli(args, capsys).stdout
+
+
+def test_kept_importances_of_other_trials_or_another_metric_are_rated_again():
+    """Importances are kept for the trials and metric they were rated on: a summary whose trials or selection
+    metric changed after they were rated (a caller editing the record) gets them rated afresh."""
+    summary = sweep()
+    kept = replace(summary, importances=importances(summary))
+    assert sweep_importances(kept) is kept.importances
+    fewer = replace(kept, trials=kept.trials[:10])
+    assert sweep_importances(fewer).n_trials == 10 and sweep_importances(fewer) == importances(fewer)
+    other = replace(kept, selection=Selection("id_val", "id_val/acc", "ID val"))
+    assert sweep_importances(other).metric == "id_val/acc"

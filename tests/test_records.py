@@ -12,7 +12,9 @@ import pytest
 from test_layers import imported_modules
 
 from raybench.records import (
+    Importances,
     PairState,
+    ParamImportance,
     RecordError,
     Replicates,
     Selection,
@@ -80,6 +82,34 @@ def test_keys_a_summary_never_recorded_stay_out_of_what_it_writes(stored):
     summary = SweepSummary.from_json(stored)
     assert (summary.report, summary.compute, summary.tracking, summary.mlflow) == (None, None, None, None)
     assert summary.selection.analysis_only is None and summary.to_json() == stored
+
+
+KEPT = Importances("val/acc", "fANOVA (Optuna FanovaImportanceEvaluator, 64 trees, seed 0)", 3, 4,
+                   (ParamImportance("lr", "log", 1.0, 0.8), ParamImportance("wd", "linear", reason="took one value")),
+                   0.8, ("left out: 1 failed",))
+
+
+def test_kept_importances_are_written_after_mlflow_and_read_back_typed(stored):
+    """A sweep keeps the importances it rated (raybench.sweep.importance) as the summary's last key; they read back
+    as the same typed record, and a summary that kept none writes none."""
+    with_kept = {**stored, SCHEMA_VERSION: SUMMARY_SCHEMA, "importances": KEPT.to_json()}
+    summary = SweepSummary.from_json(with_kept)
+    assert summary.importances == KEPT and summary.to_json() == with_kept
+    assert list(summary.to_json()) == [*SUMMARY_KEYS, "importances"]
+    assert "importances" not in SweepSummary.from_json(stored).to_json()
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda kept: kept.pop("params"), "'importances.params' missing or not a list"),
+    (lambda kept: kept["params"][1].update(share="high"), "'importances.params[1].share' is not a float"),
+    (lambda kept: kept.update(n_trials="3"), "'importances.n_trials' missing or not a int"),
+])
+def test_damaged_kept_importances_are_one_record_error_naming_the_key(stored, edit, named):
+    kept = KEPT.to_json()
+    edit(kept)
+    with pytest.raises(RecordError) as refused:
+        SweepSummary.from_json({**stored, "importances": kept})
+    assert str(refused.value).startswith(named), refused.value
 
 
 @pytest.mark.parametrize(("kind", "words"), [

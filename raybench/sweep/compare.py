@@ -30,7 +30,7 @@ from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
 from raybench.records import Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.report_keys import BEST_PREFIX
 from raybench.sweep import stats
-from raybench.sweep.importance import importances
+from raybench.sweep.importance import sweep_importances
 from raybench.sweep.results import BudgetSummary, fmt, split_labels
 from raybench.sweep.stats import (
     NORMALISATION,
@@ -266,7 +266,7 @@ def _row(summary: SweepSummary, columns: list[Column], settings: StatsSettings |
         blind=summary.selection_blind or "", blind_everywhere=_blind_everywhere(summary.trials),
         budget=BudgetSummary.from_metrics(replicates.summary),
         selection_cost=None if settings is None else _selection_cost(summary),
-        importance=None if settings is None else importances(summary).shares,
+        importance=None if settings is None else sweep_importances(summary).shares,
         **{name: _total(compute, key) for name, key in (("trial_seconds", "wall_s"), ("cpu_seconds", "cpu_s"),
                                                          ("gpu_seconds", "gpu_s"))})
 

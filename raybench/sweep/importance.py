@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from raybench.records import SweepSummary, TrialRecord, TrialStatus
+from raybench.records import Importances, ParamImportance, SweepSummary, TrialRecord, TrialStatus
 
 LOG, LINEAR, CATEGORICAL = "log", "linear", "categorical"  # Param.scale's words (raybench.settings.Distribution)
 SEED = 0  # the forest's seed: one summary, one set of numbers
@@ -40,59 +40,6 @@ N_TREES = 64  # Optuna's default
 MIN_TRIALS = 3  # fewer counted trials: no importance at all
 ROUGH_BELOW = 30  # fewer counted trials: importances shown, and said to be rough
 EVALUATOR = f"fANOVA (Optuna FanovaImportanceEvaluator, {N_TREES} trees, seed {SEED})"
-
-
-@dataclass(frozen=True)
-class ParamImportance:
-    """One searched hyperparameter: how it was rated and its importance, or why it has none."""
-
-    name: str
-    scale: str  # log, linear or categorical: the scale it was rated on
-    share: float | None = None  # its part of the summed main effects (the shares add to 1); None when not rated
-    main_effect: float | None = None  # the fraction of the forest's variance its main effect explains alone
-    reason: str | None = None  # why it was not rated
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "scale": self.scale, "share": self.share, "main_effect": self.main_effect,
-                "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class Importances:
-    """What `importances` found for one sweep: the evaluator, which trials it counted, each searched
-    hyperparameter (rated ones first, most important first), how much of the metric's variance the main effects
-    explain, and the caveats a reader must know before trusting the numbers (`notes`)."""
-
-    metric: str
-    evaluator: str
-    n_trials: int  # the trials counted
-    n_search_trials: int  # every search trial, counted or not
-    params: tuple[ParamImportance, ...]
-    explained: float | None = None  # the main effects' summed fraction of the forest's variance; None: none rated
-    notes: tuple[str, ...] = ()
-
-    @property
-    def shares(self) -> dict[str, float]:
-        """Each rated hyperparameter's share, most important first: the column `compare` shows."""
-        return {p.name: p.share for p in self.params if p.share is not None}
-
-    @property
-    def counted_line(self) -> str:
-        return (f"counted {self.n_trials} of {self.n_search_trials} trials: those that finished (to their end or "
-                f"stopped early) with a finite {self.metric}")
-
-    @property
-    def explained_line(self) -> str | None:
-        if self.explained is None:
-            return None
-        return (f"shares of the summed main effects; the main effects explain {100 * self.explained:.0f}% of the "
-                "forest's variance, the rest is interactions and noise")
-
-    def to_json(self) -> dict[str, Any]:
-        """The fields `results --format json` (and `compare --format json`) carry under `importances`."""
-        return {"metric": self.metric, "evaluator": self.evaluator, "n_trials": self.n_trials,
-                "n_search_trials": self.n_search_trials, "explained": self.explained,
-                "params": [p.to_json() for p in self.params], "notes": list(self.notes)}
 
 
 def importances(summary: SweepSummary, scales: Mapping[str, str] | None = None) -> Importances:
@@ -108,6 +55,13 @@ def importances(summary: SweepSummary, scales: Mapping[str, str] | None = None) 
     encoded = {name: _Encoded.of(name, [t.sampled[name] for t in counted], scales.get(name)) for name in names}
     params, explained, notes = _rate(encoded, [float(t.selection_value) for t in counted])  # type: ignore[arg-type]
     return replace(found, params=params, explained=explained, notes=(*found.notes, *notes))
+
+
+def sweep_importances(summary: SweepSummary) -> Importances:
+    """The importances the summary keeps (rated once, when the sweep wrote it), else rated now: a summary written
+    before they were kept, or one whose trials changed since. Reading them spares `results` and `compare --stats`
+    the forest's fit and the imports it needs (Optuna's importance module, scikit-learn)."""
+    return summary.recorded_importances or importances(summary)
 
 
 def caveats(summary: SweepSummary, counted: list[TrialRecord]) -> list[str]:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from raybench.records import SweepSummary, TrialRecord
 from raybench.report_keys import BEST_PREFIX
-from raybench.sweep.importance import importances, table_lines
+from raybench.sweep.importance import sweep_importances, table_lines
 from raybench.sweep.progress import duration
 from raybench.sweep.results import (
     BudgetSummary,
@@ -66,7 +66,7 @@ def results_text(summary: SweepSummary, fmt_name: str) -> str:
     text = render(summary, fmt_name)
     if fmt_name == "csv":
         return text
-    found = importances(summary)
+    found = sweep_importances(summary)
     if fmt_name == "json":
         return json.dumps({**json.loads(text), "importances": found.to_json()}, indent=2, sort_keys=True, default=str)
     return "\n".join([text, "", *table_lines(found)])

@@ -21,7 +21,7 @@ from raybench.labels import SHIFT_SPLIT_LABELS
 from raybench.paths import write_atomically, write_text_atomically  # cli and benchmark import the latter from here
 from raybench.records import SweepSummary, TrialRecord, TrialStatus
 from raybench.report_keys import BEST_PREFIX, CPU_S, GPU_S, SELECTION_BLIND, WALL_S
-from raybench.sweep.importance import Importances, importances, markdown_lines
+from raybench.sweep.importance import Importances, markdown_lines, sweep_importances
 
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
 COMPUTE_KEYS = {"wall_s": WALL_S, "cpu_s": CPU_S, "gpu_s": GPU_S}
@@ -221,7 +221,7 @@ def markdown(summary: SweepSummary, found: Importances | None = None) -> str:
         lines.append(nothing_selected(summary))
     else:
         lines += _selected_lines(summary, summary.selected)
-    lines += ["", *markdown_lines(found or importances(summary))]  # before the trials: a long description is cut at its end
+    lines += ["", *markdown_lines(found or sweep_importances(summary))]  # before the trials: a long description is cut at its end
     lines += ["", "| trial | status | selection value | best epoch |", "|---|---|---|---|"]
     for t in summary.trials:
         value = "" if not _finite(t.selection_value) else f"{t.selection_value:.4f}"

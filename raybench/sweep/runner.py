@@ -594,6 +594,7 @@ def _record(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, tr
     is written all or nothing; a full --storage is one StorageFull naming the file, before MLflow is told."""
     summary.mlflow = {"experiment_id": tracker.experiment_id, "run_id": tracker.parent_id}
     found = importances(summary)  # rated once: summary.md, the parent run's description and importance.png show it
+    summary.importances = found  # and summary.json keeps it, for `results` and `compare --stats` to read
     directory = prepared.storage / prepared.name / "results"
     with storage_writes(prepared.storage, f"the results of sweep {prepared.name!r}"):
         tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates),
