@@ -109,6 +109,14 @@ def _optional(data: Mapping[str, Any], key: str, kind: type, where: str = "") ->
     return value
 
 
+def _optional_number(data: Mapping[str, Any], key: str, where: str = "") -> float | None:
+    """An optional real number, as a float: JSON writes 1.0 back as 1 in some hands (a script, another tool)."""
+    value = data.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise RecordError(f"{where + key!r} is not a number")
+    return None if value is None else float(value)
+
+
 @dataclass(frozen=True)
 class TrialRecord:
     """One trial or replicate as the sweep's driver saw it end: identity, sampled config, outcome, and the metrics
@@ -243,15 +251,15 @@ class ParamImportance:
         if not isinstance(data, dict):
             raise RecordError(f"{where!r} missing or not a dict")
         return cls(_required(data, "name", str, f"{where}."), _required(data, "scale", str, f"{where}."),
-                   _optional(data, "share", float, f"{where}."), _optional(data, "main_effect", float, f"{where}."),
+                   _optional_number(data, "share", f"{where}."), _optional_number(data, "main_effect", f"{where}."),
                    _optional(data, "reason", str, f"{where}."))
 
 
 @dataclass(frozen=True)
 class Importances:
-    """What raybench.sweep.importance.importances found for one sweep: the evaluator, which trials it counted, each searched
-    hyperparameter (rated ones first, most important first), how much of the metric's variance the main effects
-    explain, and the caveats a reader must know before trusting the numbers (`notes`)."""
+    """What raybench.sweep.importance.importances found for one sweep: the evaluator, which trials it counted,
+    each searched hyperparameter (rated ones first, most important first), how much of the metric's variance the
+    main effects explain, and the caveats a reader must know before trusting the numbers (`notes`)."""
 
     metric: str
     evaluator: str
@@ -292,7 +300,7 @@ class Importances:
         return cls(_required(data, "metric", str, f"{where}."), _required(data, "evaluator", str, f"{where}."),
                    _required(data, "n_trials", int, f"{where}."), _required(data, "n_search_trials", int, f"{where}."),
                    tuple(ParamImportance.from_json(p, f"{where}.params[{i}]") for i, p in enumerate(params)),
-                   _optional(data, "explained", float, f"{where}."),
+                   _optional_number(data, "explained", f"{where}."),
                    tuple(str(note) for note in _optional(data, "notes", list, f"{where}.") or []))
 
 

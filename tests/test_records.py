@@ -97,11 +97,15 @@ def test_kept_importances_are_written_after_mlflow_and_read_back_typed(stored):
     assert summary.importances == KEPT and summary.to_json() == with_kept
     assert list(summary.to_json()) == [*SUMMARY_KEYS, "importances"]
     assert "importances" not in SweepSummary.from_json(stored).to_json()
+    by_hand = {**with_kept, "importances": {**KEPT.to_json(), "explained": 1, "params": [{"name": "lr", "scale": "log",
+                                                                                     "share": 1, "main_effect": 1}]}}
+    assert SweepSummary.from_json(by_hand).importances.params[0].share == 1.0  # a whole number written as an int
 
 
 @pytest.mark.parametrize(("edit", "named"), [
     (lambda kept: kept.pop("params"), "'importances.params' missing or not a list"),
-    (lambda kept: kept["params"][1].update(share="high"), "'importances.params[1].share' is not a float"),
+    (lambda kept: kept["params"][1].update(share="high"), "'importances.params[1].share' is not a number"),
+    (lambda kept: kept.update(explained=True), "'importances.explained' is not a number"),
     (lambda kept: kept.update(n_trials="3"), "'importances.n_trials' missing or not a int"),
 ])
 def test_damaged_kept_importances_are_one_record_error_naming_the_key(stored, edit, named):
