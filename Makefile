@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LOCK := requirements.lock
 
-.PHONY: setup test demo check clean lock docs lint
+.PHONY: setup test demo check clean lock docs lint system-packages
 
 setup: $(STAMP)
 
@@ -42,8 +42,14 @@ lint: $(STAMP)
 # tests/module_costs.json (refresh it with `make test PYTEST_ARGS=--record-module-costs`).
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
-test: $(STAMP)
+test: $(STAMP) system-packages
 	$(BIN)/python -m pytest -q --durations=50 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder) $(PYTEST_ARGS) tests
+
+# The Debian packages some tests need (Fashion-MNIST, WordNet, GCIDE, espeak-ng, chromium, redis-server), installed
+# when missing, saying what it installs; nothing happens when all are there. A test whose package is still missing
+# fails naming its `apt-get install` line.
+system-packages:
+	scripts/system-packages.sh
 
 # The WILDS 2.0 protocol end to end on the embedded data: 10 random DANN configs on a private local Ray,
 # each a Ray Train run, selected on OOD validation, then 3 seed replicates; tracked in ./mlflow.db.

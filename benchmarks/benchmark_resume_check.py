@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/benchmark_resume_check.py [FILE] [--out DIR] [--kill-after N]
 
-FILE defaults to benchmarks/grids/embedded.yaml. The benchmark is SIGKILLed (no chance to record anything)
+FILE defaults to raybench/grids/embedded.yaml. The benchmark is SIGKILLed (no chance to record anything)
 once N pairs have finished (default: half). Its sweeps stop on their own (each gets SIGTERM when its parent
 dies); the check waits for them, records every finished sweep's MLflow runs, runs `--resume` to the end and
 prints, per pair, the runs before and after: a finished pair must keep exactly its runs (none re-run, none
@@ -55,7 +55,7 @@ def runs_by_sweep(uri: str) -> dict[str, set[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("file", nargs="?", default=str(REPO / "benchmarks" / "grids" / "embedded.yaml"))
+    parser.add_argument("file", nargs="?", default=str(REPO / "raybench" / "grids" / "embedded.yaml"))
     parser.add_argument("--out", default="bench-resume")
     parser.add_argument("--kill-after", type=int, help="finished pairs before the kill (default: half the pairs)")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded Table 2 at the protocol's budget (issue #19): every WILDS algorithm raybench has, as a sweep on
 # digits-shift with OOD-validation selection, 10 random configs + 3 seed replicates each, all at the WILDS budget
-# rule with every epoch over half the labeled data (benchmarks/grids/table2_digits.yaml says why and how), on one
+# rule with every epoch over half the labeled data (raybench/grids/table2_digits.yaml says why and how), on one
 # private local Ray; then `raybench compare` over them, with each method's budget.
 #
 #   benchmarks/digits_shift_table.sh [OUT]      (OUT default: bench-digits; resumes a benchmark already there)
@@ -11,6 +11,6 @@ RAYBENCH=${RAYBENCH:-.venv/bin/raybench}
 mkdir -p "$OUT"
 URI="sqlite:///$(cd "$OUT" && pwd)/mlflow.db"
 resume=(); [ -d "$OUT/runs/table2" ] && resume=(--resume)
-"$RAYBENCH" benchmark benchmarks/grids/table2_digits.yaml --storage "$OUT/runs" --tracking-uri "$URI" "${resume[@]}"
+"$RAYBENCH" benchmark table2_digits --storage "$OUT/runs" --tracking-uri "$URI" "${resume[@]}"
 # The table and its figure, as published in the README ("The embedded benchmark table").
 "$RAYBENCH" compare --dataset digits-shift --tracking-uri "$URI" --format markdown --plot "$OUT/digits_shift_table.png"

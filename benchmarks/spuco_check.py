@@ -13,7 +13,7 @@ run's best validation worst-group epoch, on the group-balanced test split:
   selected epochs, whether its selection could see (no blind flag, every val group >= 10 images) and the
   group counts of every split. `--smoke` cuts every cell to a few steps (CI runs it).
 - `table`: every method plus ERM as a real sweep (`raybench sweep SPACE --dataset <base>`) through
-  the function executor on a private local Ray: `--trials` random configs of search_spaces/<method>.yaml
+  the function executor on a private local Ray: `--trials` random configs of raybench/search_spaces/<method>.yaml
   selected by validation worst-group accuracy, then 3 seed replicates of the selected one.
 
 The fixed-config parts also print a timing table: wall seconds per run, the epoch selected, and the

@@ -75,9 +75,12 @@ def python(code: str, tree: Path, *args: str) -> str:
 
 
 def export(revision: str, into: Path, paths: tuple[str, ...] = ("raybench",)) -> Path:
-    """The raybench package of `revision` (and any other `paths` of the repository), extracted into `into`
-    (nothing in this checkout changes)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, *paths], capture_output=True,
+    """The raybench package of `revision` (and any other `paths` of the repository that the revision has:
+    search_spaces/ lived beside the package before it became package data), extracted into `into` (nothing in
+    this checkout changes)."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", revision, *paths], capture_output=True,
+                            text=True, check=True).stdout.split()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, *listed], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into

@@ -191,7 +191,7 @@ def measure(mode: str, grid: Path, cap: int, root: Path, before: Path) -> Measur
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("grid", nargs="?", default=str(REPO / "benchmarks" / "grids" / "embedded_queue.yaml"),
+    parser.add_argument("grid", nargs="?", default=str(REPO / "raybench" / "grids" / "embedded_queue.yaml"),
                         help="the benchmark file (default: embedded_queue.yaml, whose runs last about a minute; "
                              "embedded.yaml takes hours a mode on 2 cores)")
     parser.add_argument("--order", default="static,queue,slots", help="the modes, in the order they run")

@@ -19,7 +19,13 @@ from raybench.records import PairState
 from raybench.registry import Registry, UnknownNameError
 from raybench.sweep import command as sweep_entry
 from raybench.sweep import options as sweep_options
-from raybench.sweep.command import mlflow_hint, probe_cluster, resume_command
+from raybench.sweep.command import (
+    check_space_folders,
+    load_plugins_or_refuse,
+    mlflow_hint,
+    probe_cluster,
+    resume_command,
+)
 
 
 def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
@@ -30,22 +36,59 @@ def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
         raise UsageError(f"--set: {err}") from None
 
 
+def add_spaces_flag(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """The --spaces flag of every command that looks a space name up, declared as `raybench sweep` declares it."""
+    parser.add_argument("--spaces", action="append", default=[], type=sweep_options.space_folder, metavar="DIR",
+                        help=f"{what}a folder of your own search spaces (NAME.yaml), looked up before "
+                             f"$RAYBENCH_SPACES, plug-ins' and raybench's own (repeatable)")
+
+
 # ----- raybench list ----------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.what == "spaces":
+        return list_spaces(args)
+    if args.spaces:
+        raise UsageError(f"list {args.what}: expected no --spaces (only `list spaces` reads search spaces)")
     if args.what == "settings":
         return list_settings(args.algorithm)
     if args.algorithm is not None:
         raise UsageError(f"list {args.what}: expected no second argument (only `list settings ALGORITHM` takes one), "
                          f"got {args.algorithm!r}")
-    print(code_text(f"list {args.what}", lambda: registry_listing(listed_registry(args.what))))
+    print(declared_text(f"list {args.what}", lambda: registry_listing(listed_registry(args.what))))
+    return 0
+
+
+def declared_text(key: str, compute: Callable[[], str]) -> str:
+    """A text the code declares, kept once per code version (raybench.code_memo), unless plug-ins are loaded:
+    their entries are no part of raybench's code version, so the text is computed afresh with them."""
+    from raybench.plugins import loaded
+
+    return compute() if loaded() else code_text(key, compute)
+
+
+def list_spaces(args: argparse.Namespace) -> int:
+    """Every search-space name, where it comes from (raybench, a plug-in, a user folder) and its file: which of
+    several same-named files a sweep of that name runs."""
+    from raybench.sweep.space_catalog import listing
+
+    if args.algorithm is not None:
+        raise UsageError(f"list spaces: expected no second argument, got {args.algorithm!r}")
+    check_space_folders(args.spaces)
+    print(listing(args.spaces))
     return 0
 
 
 def registry_listing(registry: Registry[Any]) -> str:
-    """Each entry's name and what it is (its docstring's first line), one per line."""
+    """Each entry's name, where it comes from (raybench, or the plug-in that registered it) and what it is (its
+    docstring's first line), one per line."""
+    from raybench.plugins import origin_word
+
     names = registry.names()
+    origins = {name: origin_word(registry.origin(name)) for name in names}
     width = max(len(n) for n in names)
-    return "\n".join(f"{name:{width}s}  {registry.summary(name)}".rstrip() for name in names)
+    from_width = max(len(o) for o in origins.values())
+    return "\n".join(f"{name:{width}s}  {origins[name]:{from_width}s}  {registry.summary(name)}".rstrip()
+                     for name in names)
 
 
 def listed_registry(what: str) -> Registry[Any]:
@@ -73,7 +116,7 @@ def list_settings(algorithm: str | None) -> int:
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise UsageError(f"list settings: {ALGORITHMS.unknown(algorithm)}")
     names = [algorithm] if algorithm is not None else ALGORITHMS.names()
-    print(code_text(f"list settings {' '.join(names)}", lambda: settings_text(names)))
+    print(declared_text(f"list settings {' '.join(names)}", lambda: settings_text(names)))
     return 0
 
 
@@ -114,21 +157,17 @@ def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Path 
     `names` says how the user spelled each setting they gave as a flag (`--epochs`, `checkpoint`), so an
     error names that; any other setting is named as `--set KEY`.
     """
-    from raybench.data import load_dataset
+    from raybench import api
     from raybench.data.base import InputReadError, MissingSourceError
     from raybench.paths import writable_dir_problem
-    from raybench.trainer import ConfigError, DivergenceError, TrainConfig, Trainer
-    from raybench.trainer.console import ConsoleCallback
+    from raybench.trainer import ConfigError, DivergenceError, TrainConfig
 
     problem = writable_dir_problem(output) if output is not None else None
     if problem:  # found now, not after an hour of training
         raise UsageError(f"--output: {problem}")
     try:
         config = TrainConfig.from_flat(settings)
-        config.check_device_available()
-        dataset = load_dataset(config.dataset, config.data_dir, config.data_seed)
-        trainer = Trainer(config, callbacks=[ConsoleCallback(sys.stderr, output)], dataset=dataset)
-        result = trainer.fit()
+        result = api.train(config, output=output, echo=sys.stderr)
     except UnknownNameError as err:
         raise UsageError(f"--dataset: {err}") from None
     except MissingSourceError as err:  # an embedded dataset's Debian package is not installed
@@ -217,6 +256,7 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--c-grid", help="comma-separated C values for the SVM (default: NeWT's 1e-4..1e3)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--output", help="directory for the checkpoint (best_model.pt) and result.json")
+    add_plugin_flags(p)
     p.set_defaults(run=cmd_probe)
 
     s = sub.add_parser("newt-suite", help="45 binary digit-pair tasks in digits-shift's OOD-test domain, NeWT's "
@@ -231,6 +271,7 @@ def add_probe_parsers(sub: Any) -> None:
     s.add_argument("--c-grid", help="comma-separated C values for the SVM (default: NeWT's 1e-4..1e3)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
     s.add_argument("--experiment", help="MLflow experiment (default: the one sweeps log to)")
+    add_plugin_flags(s)
     s.set_defaults(run=cmd_newt_suite)
 
 
@@ -248,19 +289,25 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError, default_tracking_uri, redact_uri
 
+    check_space_folders(args.spaces)
     try:
-        benchmark = load_benchmark(args.file)
+        benchmark = load_benchmark(args.file, args.spaces)
         bindings = bind_pairs(benchmark)  # as each pair's sweep binds it: --plan refuses what the run would
     except (BenchmarkError, SpaceError) as err:
         raise UsageError(str(err)) from None
     if args.plan:
         print(plan_text(benchmark, bindings))
         return 0
-    if args.address:
-        probe_cluster(args.address)
+    try:
+        address = sweep_options.cluster_address(args.address)  # inside a Ray job: the job's cluster
+    except OptionError as err:
+        raise UsageError(str(err)) from None
+    if address:
+        probe_cluster(address)
     resume = resume_command(args.argv)
-    options = BenchmarkOptions(Path(args.storage).resolve(), args.tracking_uri or default_tracking_uri(), args.address,
-                               args.resume, resume, args.progress_every, force=args.force)
+    options = BenchmarkOptions(Path(args.storage).resolve(), args.tracking_uri or default_tracking_uri(), address,
+                               args.resume, resume, args.progress_every, force=args.force,
+                               spaces=tuple(str(Path(folder).resolve()) for folder in args.spaces))
     with Signals() as signals:
         try:
             outcome = run_benchmark(benchmark, options)
@@ -280,9 +327,13 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def add_benchmark_parser(sub: Any) -> None:
+    from raybench.sweep.space_catalog import grid_names
+
     b = sub.add_parser("benchmark", help="every (dataset, search space) pair of a benchmark file as one sweep each, "
                                          "all on one Ray cluster, then their comparison (one MLflow parent run)")
-    b.add_argument("file", help="a benchmark YAML file (see benchmarks/grids/)")
+    b.add_argument("file", help=f"a benchmark YAML file, or the name of one raybench ships (raybench/grids/: "
+                                f"{', '.join(grid_names())})")
+    add_spaces_flag(b)
     b.add_argument("--plan", action="store_true", help="print the pairs it would run and those it rules out; run nothing")
     b.add_argument("--resume", action="store_true", help="finish an interrupted benchmark: only pairs not finished run")
     b.add_argument("--force", action="store_true", help="with --resume: resume even though the benchmark file changed "
@@ -293,21 +344,23 @@ def add_benchmark_parser(sub: Any) -> None:
     b.add_argument("--storage", default="runs", help="where the sweeps and the benchmark's records are written")
     b.add_argument("--progress-every", type=positive_float, default=30.0, metavar="SECONDS",
                    help="seconds between progress lines while no pair ends")
+    add_plugin_flags(b)
     b.set_defaults(run=cmd_benchmark)
 
 
 # ----- raybench results -------------------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
+    from raybench import api
     from raybench.paths import writable_dir_problem
     from raybench.sweep.report import results_text
-    from raybench.tracking import TrackingError, default_tracking_uri, download_plots, load_sweep_results
+    from raybench.tracking import TrackingError, default_tracking_uri, download_plots
 
     problem = writable_dir_problem(Path(args.plots)) if args.plots else None
     if problem:
         raise UsageError(f"--plots: {problem}")
     uri = args.tracking_uri or default_tracking_uri()
     try:
-        summary = load_sweep_results(uri, args.name)
+        summary = api.results(args.name, uri)
         written = download_plots(uri, summary.stored.run_id, Path(args.plots)) if args.plots else []
     except TrackingError as err:
         raise UsageError(f"results: {err}") from None
@@ -325,9 +378,10 @@ def name_list(text: str) -> tuple[str, ...]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from raybench import api
     from raybench.paths import writable_dir_problem
-    from raybench.sweep.compare import BaselineError, from_records, render
-    from raybench.tracking import TrackingError, default_tracking_uri, find_sweeps
+    from raybench.sweep.compare import BaselineError, render
+    from raybench.tracking import TrackingError
 
     settings = _stats_settings(args)
     plot = Path(args.plot) if args.plot else None
@@ -336,17 +390,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if problem:
         raise UsageError(f"--plot: {problem}")
     try:
-        records = find_sweeps(args.tracking_uri or default_tracking_uri(), args.sweeps, args.dataset, args.algorithms)
+        comparison = api.compare(args.sweeps, dataset=args.dataset, algorithms=args.algorithms,
+                                 selection=args.selection, stats=settings, tracking_uri=args.tracking_uri)
     except TrackingError as err:
         raise UsageError(f"compare: {err}") from None
-    missing = [name for name in args.sweeps if name not in {r.name for r in records}]
-    if missing or not records:
-        raise UsageError(f"compare: no sweep {'named ' + ', '.join(map(repr, missing)) if missing else 'matches'}"
-                         f"{'' if missing else ' ' + _filter_words(args)} in the tracking store")
-    if args.sweeps:
-        records.sort(key=lambda r: args.sweeps.index(r.name))
-    try:
-        comparison = from_records(records, args.selection, settings)
     except BaselineError as err:
         raise UsageError(f"--baseline: {err}") from None
     print(render(comparison, args.format))
@@ -373,12 +420,6 @@ def _stats_settings(args: argparse.Namespace) -> Any:
                          test=Significance(args.test or Significance.WELCH), baseline=args.baseline)
 
 
-def _filter_words(args: argparse.Namespace) -> str:
-    words = [f"--dataset {args.dataset}"] if args.dataset else []
-    words += [f"--algorithms {','.join(args.algorithms)}"] if args.algorithms else []
-    return f"({' '.join(words)})" if words else "(the store has no sweeps)"
-
-
 def _save_comparison_plots(comparison: Any, plot: Path) -> list[Path]:
     from raybench.sweep import plots
 
@@ -392,8 +433,9 @@ def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from raybench.sweep.space import SpaceError, command_line_overrides, load_space, sweep_space
     from raybench.trainer import ConfigError, TrainConfig
 
+    check_space_folders(args.spaces)
     try:
-        space = load_space(args.space)
+        space = load_space(args.space, args.spaces)
         dataset = load_dataset(args.dataset)
         overrides = command_line_overrides(getattr(args, "smoke", False), parse_assignments(getattr(args, "set", [])))
         TrainConfig.from_flat({"algorithm": space.algorithm, **overrides})
@@ -456,7 +498,7 @@ def cmd_space_new(args: argparse.Namespace) -> int:
 
     if args.algorithm not in ALGORITHMS:
         raise UsageError(f"space new: {ALGORITHMS.unknown(args.algorithm)}")
-    text = code_text(f"space new {args.algorithm}", lambda: _new_space_text(args.algorithm))
+    text = declared_text(f"space new {args.algorithm}", lambda: _new_space_text(args.algorithm))
     if args.output is None:
         print(text, end="")
         return 0
@@ -494,8 +536,9 @@ def add_space_parser(sub: Any) -> None:
     draw = space.add_parser("draw", help="the exact configs `raybench sweep` with the same flags runs, in order, "
                                          "without training (random sampler)")
     for p in (show, draw):
-        p.add_argument("space", help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
+        p.add_argument("space", help="a search-space name (e.g. dann; raybench list spaces) or a path to a YAML file")
         p.add_argument("--dataset", default="digits-shift")
+        add_spaces_flag(p)
     draw.add_argument("--trials", type=positive_int, default=10)
     draw.add_argument("--seed", type=seed_int, default=0, help="the search's seed, as `raybench sweep --seed`")
     for p in (show, draw):  # a sweep's own flags, so both show what that sweep would run (and its budget)
@@ -509,6 +552,8 @@ def add_space_parser(sub: Any) -> None:
     new.add_argument("algorithm", help="a registered algorithm (raybench list algorithms)")
     new.add_argument("--output", metavar="FILE", help="write the YAML to FILE instead of stdout (refused if it exists)")
     new.add_argument("--force", action="store_true", help="overwrite an existing --output FILE")
+    for p in (show, draw, new):
+        add_plugin_flags(p)
     new.set_defaults(run=cmd_space_new)
 
 
@@ -604,16 +649,42 @@ def add_sweep_parser(sub: Any) -> None:
 
 
 # ----- wiring -------------------------------------------------------------------------------------
+class VersionAction(argparse.Action):
+    """`raybench --version`: the installed distribution's version, read only when asked (the metadata lookup
+    walks sys.path, which every other command would pay for if the parser read it when built)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"raybench {installed_version()}")
+        parser.exit()
+
+
+def installed_version() -> str:
+    """The version of the installed raybench distribution; a source tree run without installing has none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("raybench")
+    except PackageNotFoundError:
+        return "(not installed: no distribution metadata)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="raybench",
                            description="Hyperparameter search and benchmarking under distribution shift.")
+    parser.add_argument("--version", action=VersionAction, help="print the installed raybench's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     p_list = sub.add_parser("list", help="list registered algorithms, datasets or models, or every setting with its "
                                          "type, default and allowed range")
-    p_list.add_argument("what", choices=["algorithms", "datasets", "models", "settings"])
+    p_list.add_argument("what", choices=["algorithms", "datasets", "models", "settings", "spaces"])
     p_list.add_argument("algorithm", nargs="?", help="settings: only this algorithm's hyperparameters (default: every "
                                                      "algorithm's)")
+    add_spaces_flag(p_list, "with `list spaces`: ")
+    add_plugin_flags(p_list)
     p_list.set_defaults(run=cmd_list)
 
     p_train = sub.add_parser("train", help="train one config locally (no Ray)")
@@ -624,6 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.add_argument("--epochs", type=positive_int)
     p_train.add_argument("--seed", type=seed_int, default=0)
     p_train.add_argument("--output", help="directory for the checkpoint (state.pt, best_model.pt) and result.json")
+    add_plugin_flags(p_train)
     p_train.set_defaults(run=cmd_train)
     add_probe_parsers(sub)
     add_sweep_parser(sub)
@@ -640,9 +712,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command(lambda: _run_subcommand(words))
 
 
+def add_plugin_flags(parser: argparse.ArgumentParser) -> None:
+    """`--plugin` on every command that turns names into algorithms, datasets, models or search spaces (the
+    sweep declares its own, as a SweepOptions field that a benchmark passes on and a resume repeats)."""
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE|PATH",
+                        help="a module, .py file or package folder that registers algorithms, datasets, models or "
+                             "search spaces (repeatable; also $RAYBENCH_PLUGINS and the raybench.plugins entry points)")
+
+
 def _run_subcommand(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # the words after `raybench`, as typed: a sweep or benchmark repeats them in its resume line
+    load_plugins_or_refuse(getattr(args, "plugin", ()))  # installed plug-ins' entry points, whatever the command
     run: Callable[[argparse.Namespace], int] = args.run
     return run(args)
 

@@ -9,3 +9,8 @@ class ConfigError(ValueError):
     def __init__(self, key: str, detail: str) -> None:
         super().__init__(f"{key}: {detail}")
         self.key, self.detail = key, detail
+
+    def __reduce__(self) -> tuple:
+        """Rebuilt from its two fields when Ray carries it out of a trial's process: a failed trial's reason must
+        be this message, not the TypeError of an exception that cannot be unpickled."""
+        return type(self), (self.key, self.detail)

@@ -13,10 +13,15 @@ import ast
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+BUILT_IN = "raybench"  # the origin of every entry raybench itself registers
+# The plug-in whose import is running (raybench.plugins sets it): what it registers is filed under its name.
+REGISTERING_FOR: ContextVar[str | None] = ContextVar("raybench_registering_for", default=None)
 
 
 class UnknownNameError(KeyError):
@@ -42,6 +47,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, T] = {}
         self._declared: dict[str, Declaration] = {}  # found by `discover`, imported on first use
+        self._origins: dict[str, str] = {}  # the plug-in each name came from; absent: raybench's own
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator that files the decorated object under `name`; duplicate names are a bug."""
@@ -49,8 +55,12 @@ class Registry(Generic[T]):
         def decorate(obj: T) -> T:
             declared = self._declared.get(name)
             if name in self._entries or (declared and declared.module != getattr(obj, "__module__", None)):
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
+                raise ValueError(f"{self.kind} {name!r} is registered twice{self._first_by(name)}")
             self._entries[name] = obj
+            plugin = REGISTERING_FOR.get()
+            module = str(getattr(obj, "__module__", ""))
+            if plugin is not None and not module.startswith(f"{BUILT_IN}."):  # not a built-in the plug-in imported
+                self._origins[name] = plugin
             return obj
 
         return decorate
@@ -79,6 +89,15 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             raise self.unknown(name) from None
+
+    def origin(self, name: str) -> str:
+        """Where the entry comes from: `raybench` for raybench's own, else the plug-in that registered it."""
+        return self._origins.get(name, BUILT_IN)
+
+    def _first_by(self, name: str) -> str:
+        """Who registered `name` first, for the twice-registered error: a plug-in must see which name it took."""
+        first = self.origin(name) if name in self._entries else BUILT_IN
+        return f" (first by {'raybench itself' if first == BUILT_IN else 'plug-in ' + repr(first)})"
 
     def unknown(self, name: str) -> UnknownNameError:
         """The error for a name no entry has, listing the names that do exist (nothing is imported for it)."""

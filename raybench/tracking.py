@@ -999,15 +999,42 @@ def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
 
 def load_sweep_results(uri: str, name: str) -> SweepSummary:
     """The parent run of sweep `name` and its `results/summary.json` artifact, with where the sweep stands."""
+    client, parent = _sweep_parent(uri, name)
+    summary = _parent_summary(client, parent)
+    if summary is None:
+        raise TrackingError(f"{sweep_state(parent).line(name)}; no results were recorded yet")
+    return summary
+
+
+def _sweep_parent(uri: str, name: str) -> tuple[MlflowClient, Any]:
+    """The store at `uri` and sweep `name`'s parent run in it; a TrackingError naming the sweep when it has none."""
     client, experiment_id = _sweep_store(uri)
     runs = client.search_runs([experiment_id], f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'",
                               max_results=1)
     if not runs:
         raise TrackingError(f"no sweep named {name!r} in the MLflow store at {redact_uri(uri)}")
-    summary = _parent_summary(client, runs[0])
-    if summary is None:
-        raise TrackingError(f"{sweep_state(runs[0]).line(name)}; no results were recorded yet")
-    return summary
+    return client, runs[0]
+
+
+SELECTED_CHECKPOINT = "selected_checkpoint/best_model.pt"  # the parent run's copy of the selected trial's model
+
+
+def download_selected_checkpoint(tracking_uri: str, sweep_name: str, destination: Path) -> Path:
+    """The selected trial's `best_model.pt`, which the sweep logged on its parent run, copied into the folder
+    `destination` (made if missing); returns the file, whole or not there. A sweep that logged none (it ended
+    before selecting, or no trial finished) is a TrackingError naming the sweep."""
+    client, parent = _sweep_parent(tracking_uri, sweep_name)
+    destination = Path(destination)
+    destination.mkdir(parents=True, exist_ok=True)
+    target = destination / Path(SELECTED_CHECKPOINT).name
+    with tempfile.TemporaryDirectory(dir=destination) as tmp:
+        try:
+            found = Path(client.download_artifacts(parent.info.run_id, SELECTED_CHECKPOINT, tmp))
+        except Exception:  # noqa: BLE001  MLflow raises several types for a missing artifact
+            raise TrackingError(f"{sweep_state(parent).line(sweep_name)}; it logged no selected checkpoint "
+                                f"({SELECTED_CHECKPOINT} on its parent run {parent.info.run_id})") from None
+        found.replace(target)  # a rename within `destination`: a reader never sees half a file
+    return target
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from raybench.sweep.benchmark import SLOTS_FOLDER, TRIAL_SLOT, BenchmarkOptions,
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.tracking import PARENT_TAG, RESUME_TAG
 
-GRIDS = REPO / "benchmarks" / "grids"
+GRIDS = REPO / "raybench" / "grids"
 SMOKE = {"selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function", "smoke": True}
 
 
@@ -36,7 +36,7 @@ def write_yaml(path: Path, body: dict) -> Path:
 def broken_erm_space(folder: Path, dataset: str = "spuco-digits") -> Path:
     """ERM, except that on `dataset` its model reads weights from a file that does not exist: valid YAML,
     refused only by that pair's own sweep (its model check), so exactly one pair of the grid fails."""
-    space = yaml.safe_load((REPO / "search_spaces" / "erm.yaml").read_text())
+    space = yaml.safe_load((REPO / "raybench" / "search_spaces" / "erm.yaml").read_text())
     space["datasets"] = {dataset: {"fixed": {"model_weights": str(folder / "no-such-weights.pt")}}}
     space.pop("derived", None)
     return write_yaml(folder / "erm_broken.yaml", space)

@@ -36,7 +36,7 @@ from raybench.sweep.benchmark import (
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.sweep.errors import OptionError
 
-GRIDS = REPO / "benchmarks" / "grids"
+GRIDS = REPO / "raybench" / "grids"
 
 
 pytestmark = pytest.mark.usefixtures("in_private_dirs")
@@ -72,7 +72,7 @@ def grid(name: str = "b", **extra) -> dict:
 def test_plan_refuses_a_pair_its_sweep_would_refuse_naming_the_space_not_a_set_never_given(capsys):
     """FixMatch reading an unlabeled split digits-shift does not have: valid on its own, refused on the dataset.
     The plan names the space file as the source, and a run of the same file is refused alike, writing nothing."""
-    space = yaml.safe_load((REPO / "search_spaces" / "fixmatch.yaml").read_text())
+    space = yaml.safe_load((REPO / "raybench" / "search_spaces" / "fixmatch.yaml").read_text())
     space["fixed"]["unlabeled_split"] = "train_unlabeled_nope"
     write_yaml(Path("fixmatch_nope.yaml"), space)
     path = write_yaml(Path("bench.yaml"), grid(grid=[{"datasets": ["digits-shift"], "spaces": ["erm", "fixmatch_nope.yaml"]}]))
@@ -159,7 +159,7 @@ def test_resume_refuses_an_edited_grid_in_one_line_unless_forced(capsys):
 
 def test_resume_refuses_a_grid_whose_space_file_was_edited():
     space = Path("mine.yaml")
-    space.write_text((REPO / "search_spaces" / "erm.yaml").read_text())
+    space.write_text((REPO / "raybench" / "search_spaces" / "erm.yaml").read_text())
     path = write_yaml(Path("bench.yaml"), grid(grid=[{"datasets": ["digits-shift"], "spaces": ["mine.yaml"]}]))
     started_benchmark(path, Path("runs"))
     space.write_text(space.read_text().replace("patience: 4", "patience: 5"))

@@ -74,7 +74,7 @@ def test_an_alias_bomb_is_refused_at_load_in_one_short_line(text, size, tmp_path
 
 
 def test_an_alias_that_stays_small_still_loads(tmp_path):
-    """Aliases themselves are fine (search_spaces/erm.yaml shares one override between two datasets)."""
+    """Aliases themselves are fine (raybench/search_spaces/erm.yaml shares one override between two datasets)."""
     path = tmp_path / "shared.yaml"
     path.write_text("algorithm: erm\ndatasets:\n  spuco-digits: &same {fixed: {patience: 2}}\n"
                     "  spuco-fashion: *same\n")

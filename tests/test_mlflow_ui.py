@@ -1,7 +1,7 @@
 """The MLflow UI, in headless Chromium, opens on a sweep's runs: the link the sweep prints shows the parent run
 with its description and nested runs, the experiment page lists them, and a plot artifact is served as a PNG.
 
-Chromium is Debian's `chromium` (`.ci/run` installs it); its `--dump-dom` and `--screenshot` modes are the
+Chromium is Debian's `chromium` (`make test` installs it when missing); its `--dump-dom` and `--screenshot` modes are the
 driver, so nothing is downloaded at run time. The screenshot is kept under test-artifacts/.
 """
 from __future__ import annotations
@@ -26,8 +26,7 @@ PAGE_BUDGET_MS = 20000  # Chromium's virtual time for the page's scripts and API
 
 def chromium_binary() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    require_system_package(found is not None, "Debian's chromium is not installed (apt-get install chromium)",
-                           "RAYBENCH_REQUIRE_CHROMIUM")
+    require_system_package(found is not None, "chromium", "the MLflow UI test's headless browser")
     return found
 
 

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -26,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 from clusters import alive, free_port_base, port_is_free, port_plan, recorded, script
-from conftest import BIN, seeded_store, signal_and_wait, stop_processes_under
+from conftest import BIN, require_system_package, seeded_store, signal_and_wait, stop_processes_under
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.timeout(1500)
@@ -103,6 +104,8 @@ class TwoNodes:
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory, shared_data_dir):
+    require_system_package(shutil.which("redis-server") is not None, "redis-server",
+                           "the two-node cluster (its head keeps the GCS's tables in Redis, RAYBENCH_GCS_FT=1)")
     root = tmp_path_factory.mktemp("two-nodes")
     token = root / "ray_auth_token"  # private: the tests never touch ~/.ray
     token.write_text(secrets.token_hex(32))
@@ -366,3 +369,56 @@ def test_two_trials_on_two_nodes_train_their_shared_reference_model_once(store_u
     stages = client.search_runs([experiment.experiment_id], "tags.`raybench.method_stage` = 'reference'")
     assert sorted(r.data.tags["cached"] for r in stages) == ["False", "True"]
     assert {r.data.params["stage_key"] for r in stages} == {entries[0].name}
+
+
+# ----- a researcher's own method, from a plug-in, on the cluster and as a Ray job ------------------------------------
+PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "raybench-vrex" / "raybench_vrex"
+PLUGIN_SWEEP = ["vrex", "--dataset", "colored-moons", "--smoke", "--trials", "2", "--replicates", "1",
+                "--worker-resource", "raybench_worker=1"]
+JOB_SCRIPT = """
+import json, sys, time
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+dashboard, entrypoint, plugin = sys.argv[1:]
+client = JobSubmissionClient(dashboard)
+job = client.submit_job(entrypoint=entrypoint, runtime_env={"py_modules": [plugin]})
+deadline = time.monotonic() + 800
+while (status := client.get_job_status(job)) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+    if time.monotonic() > deadline:
+        client.stop_job(job)
+        break
+    time.sleep(1)
+print(json.dumps({"status": str(status), "logs": client.get_job_logs(job)[-4000:]}))
+"""
+
+
+def test_a_plugin_method_trains_on_the_worker_node_directly_and_as_a_ray_job(store_uri, two_nodes, tmp_path):
+    """The example plug-in's V-REx on its own dataset: once with the Train executor from this host (the plug-in
+    named by its folder), once as a Ray job whose runtime_env ships the plug-in (`py_modules`) and whose driver
+    joins the job's cluster by itself (no --address); then `compare` puts both rows beside ERM's."""
+    two_nodes.ensure_worker_node()
+    storage = tmp_path / "runs"
+    common = ["--storage", str(storage), "--tracking-uri", store_uri]
+    finish(two_nodes.sweep(*PLUGIN_SWEEP, "--plugin", str(PLUGIN), "--name", "vrex-direct", *common, cwd=tmp_path),
+           "the plug-in's sweep")
+    entrypoint = " ".join([str(BIN / "raybench"), "sweep", *PLUGIN_SWEEP, "--plugin", "raybench_vrex",
+                           "--name", "vrex-job", *common])
+    dashboard = f"http://127.0.0.1:{port_plan(two_nodes.env)['DASHBOARD_PORT']}"
+    job = subprocess.run([str(BIN / "python"), "-c", JOB_SCRIPT, dashboard, entrypoint, str(PLUGIN)],
+                         env=two_nodes.env, capture_output=True, text=True, timeout=900)
+    assert job.returncode == 0, job.stderr[-3000:]
+    outcome = json.loads(job.stdout.strip().splitlines()[-1])
+    assert outcome["status"] == "SUCCEEDED", outcome["logs"]
+    for name in ("vrex-direct", "vrex-job"):
+        summary = summary_of(storage, name)
+        assert summary["algorithm"] == "vrex"
+        assert [(t["status"], t["node"]) for t in summary["trials"]] == [("ok", WORKER)] * 2, summary["trials"]
+    finish(two_nodes.sweep("erm", "--dataset", "colored-moons", "--smoke", "--trials", "1", "--replicates", "1",
+                           "--executor", "function", "--plugin", str(PLUGIN), "--name", "erm-moons", *common,
+                           cwd=tmp_path), "the ERM baseline")
+    compared = subprocess.run([str(BIN / "raybench"), "compare", "--dataset", "colored-moons", "--format", "json",
+                               "--tracking-uri", store_uri], env=two_nodes.env, capture_output=True, text=True,
+                              timeout=120)
+    assert compared.returncode == 0, compared.stderr
+    rows = {(row["sweep"], row["algorithm"]) for row in json.loads(compared.stdout)["rows"]}
+    assert {("vrex-direct", "vrex"), ("vrex-job", "vrex"), ("erm-moons", "erm")} <= rows, compared.stdout

@@ -50,10 +50,8 @@ class Flooding(Algorithm):
 
 
 def package_copy(root: Path) -> Path:
-    """raybench/ and search_spaces/ side by side, as in the repository (the space loader finds its YAML files
-    next to the package)."""
-    for folder in ("raybench", "search_spaces"):
-        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    """A copy of the raybench package, its shipped search spaces inside it (package data)."""
+    shutil.copytree(REPO / "raybench", root / "raybench", ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 
@@ -71,7 +69,7 @@ def test_one_module_and_one_yaml_add_an_algorithm_that_lists_and_runs_a_smoke_sw
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert any(line.split()[:1] == ["flooding"] for line in listed.stdout.splitlines()), listed.stdout
 
-    space = src / "search_spaces" / "flooding.yaml"
+    space = src / "raybench" / "search_spaces" / "flooding.yaml"
     written = raybench(["space", "new", "flooding", "--output", str(space)], env, tmp_path)
     assert written.returncode == 0, written.stderr[-2000:]
     assert "flood:" in space.read_text()

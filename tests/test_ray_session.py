@@ -27,7 +27,7 @@ class StandInRay:
         self.connect_waits_for, self.fails, self.shutdown_waits_for = connect_waits_for, fails, shutdown_waits_for
         self.shutdowns = 0
 
-    def connect(self, address: str | None, driver_slots: int) -> bool:
+    def connect(self, address: str | None, driver_slots: int, py_modules: list[str] | None = None) -> bool:
         self.connect_started.set()
         if self.connect_waits_for is not None:
             assert self.connect_waits_for.wait(WAIT_S), "Ray's start waited in vain for the work beside it"
@@ -113,7 +113,7 @@ def test_ray_stops_beside_the_record_and_the_session_waits_for_it(stand_in):
 def test_a_session_that_found_ray_running_leaves_it_running(stand_in, monkeypatch):
     ray = StandInRay()
     session = stand_in(ray)
-    monkeypatch.setattr(ray_backend, "connect", lambda address, driver_slots: False)  # a library caller's own Ray
+    monkeypatch.setattr(ray_backend, "connect", lambda address, driver_slots, py_modules=None: False)  # a library caller's own Ray
     session.start()
     session.stop_in_background()
     session.stop()

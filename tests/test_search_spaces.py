@@ -33,7 +33,7 @@ def test_the_paper_spaces_ship():
 
 
 def test_every_registered_algorithm_ships_its_search_space():
-    """Adding an algorithm is its module and its search_spaces/NAME.yaml: a module alone is named here."""
+    """Adding an algorithm is its module and its raybench/search_spaces/NAME.yaml: a module alone is named here."""
     missing = [name for name in ALGORITHMS.names() if not (SEARCH_DIR / f"{name}.yaml").is_file()]
     assert not missing, f"algorithms without a search space in {SEARCH_DIR}: {', '.join(missing)}"
 

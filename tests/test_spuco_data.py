@@ -273,9 +273,8 @@ def fashion_available() -> bool:
 
 
 def require_fashion() -> None:
-    """Skip without the Debian files, unless RAYBENCH_REQUIRE_FASHION_MNIST=1 says they must be there."""
-    require_system_package(fashion_available(), f"Fashion-MNIST not at {spuco.fashion_dir()}: "
-                           "`apt-get install dataset-fashion-mnist`", "RAYBENCH_REQUIRE_FASHION_MNIST")
+    """spuco-fashion reads Debian's Fashion-MNIST files: without them the test fails naming the install line."""
+    require_system_package(fashion_available(), "dataset-fashion-mnist", f"spuco-fashion (Fashion-MNIST at {spuco.fashion_dir()})")
 
 
 def test_spuco_fashion_uses_all_of_fashion_mnist_with_documented_groups(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 import torch
-from conftest import BIN, cli, on_head, require_system_package, run_cli
+from conftest import BIN, cli, on_head, run_cli, skip_unless_required
 from mlflow.tracking import MlflowClient
 
 from raybench.paths import StorageFull, storage_writes, write_atomically, write_text_atomically
@@ -43,8 +43,8 @@ def small_tmpfs(folder: Path, size_mb: int) -> Iterator[Path]:
     mounted = subprocess.run([*sudo, "mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0777", "raybench-full",
                               str(folder)], capture_output=True, text=True)
     if mounted.returncode != 0:
-        require_system_package(False, f"cannot mount a tmpfs to fill (needs root or passwordless sudo): "
-                                      f"{mounted.stderr.strip()}", "RAYBENCH_REQUIRE_TMPFS")
+        skip_unless_required(f"cannot mount a tmpfs to fill (needs root or passwordless sudo): "
+                             f"{mounted.stderr.strip()}", "RAYBENCH_REQUIRE_TMPFS")
     try:
         yield folder
     finally:

@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 # A value other than its default for every option a flag sets: a new flag without a line here fails
 # test_every_flag_has_a_non_default_value_here, so the round trips below always cover every option.
 NON_DEFAULT: dict[str, Any] = {
+    "spaces": (str(REPO / "raybench" / "search_spaces"), str(REPO / "tests")),  # existing folders, as the parser requires
     "dataset": "spuco-digits",
     "trials": 7,
     "replicates": 0,
@@ -50,6 +51,8 @@ NON_DEFAULT: dict[str, Any] = {
     "grace_period": 2,
     "reduction_factor": 2.5,
     "extra_fixed": {"lr": "0.001", "augment": "false", "model_weights": "none", "note": "a=b"},
+    # registers nothing: the CLI tests below load it in this process, whose registries other tests read
+    "plugins": (str(REPO / "tests" / "plugin_fixtures" / "empty_plugin.py"), "json"),
     "parent_run": "0123abcd",
 }
 
@@ -154,6 +157,7 @@ def prepared_options(monkeypatch) -> list[SweepOptions]:
     from raybench.sweep import runner
 
     seen: list[SweepOptions] = []
+    monkeypatch.setenv("RAYBENCH_PLUGINS", "")  # loading the plug-ins names them here: restored after the test
 
     def stop(options: SweepOptions) -> Any:
         seen.append(options)

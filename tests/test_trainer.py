@@ -85,7 +85,7 @@ def test_nan_loss_raises_a_clear_error_and_keeps_earlier_checkpoints(tiny_datase
         trainer.fit()
     state = torch.load(tmp_path / "epoch_0" / STATE_FILE, weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["algorithm"].values() if v.is_floating_point())
-    best = torch.load(tmp_path / "epoch_0" / BEST_MODEL_FILE, weights_only=True)
+    best = torch.load(tmp_path / "epoch_0" / BEST_MODEL_FILE, weights_only=True)["weights"]
     assert all(torch.isfinite(v).all() for v in best.values() if v.is_floating_point())
 
 

@@ -15,7 +15,7 @@ class LinearEval(FrozenFeaturizer):
     only the model's fresh linear head g is trained, on the plain view of the labeled train split:
         loss = E_(x,y)~labeled [ L(g(stopgrad f(x)), y) ],   L the task's loss (CE for classification).
     DABS trains g with Adam at lr 1e-4 for 100 epochs; here the trainer's `optimizer` and `lr` (searched in
-    search_spaces/linear_eval.yaml) drive it, and the epoch is selected on validation like any model.
+    raybench/search_spaces/linear_eval.yaml) drive it, and the epoch is selected on validation like any model.
     """
 
     Hparams = FrozenHparams

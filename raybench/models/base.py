@@ -70,9 +70,30 @@ def _weights_only_reason(err: Exception) -> str:
     return lines[0].split(". ")[0].rstrip(".") if lines else ""
 
 
+# A raybench model checkpoint (`best_model.pt`) is {CHECKPOINT_FORMAT: version, "record": ..., "weights": state dict};
+# raybench.checkpoints writes and describes it. Its weights read wherever a bare state dict reads.
+CHECKPOINT_FORMAT = "raybench_model"
+CHECKPOINT_WEIGHTS = "weights"
+
+
+def is_model_checkpoint(loaded: Any) -> bool:
+    """Whether a loaded file is a raybench model checkpoint (weights with their record), not a bare state dict:
+    a state dict's values are tensors, so the format key's whole-number version cannot be one of its entries."""
+    return isinstance(loaded, Mapping) and isinstance(loaded.get(CHECKPOINT_FORMAT), int)
+
+
 def read_state_dict(path: Path, what: str) -> dict[str, Tensor]:
-    """A file saved with `torch.save(module.state_dict())`: a mapping of names to tensors, read safely."""
-    state = read_weights_only(path, what)
+    """A file saved with `torch.save(module.state_dict())`, or the weights of a raybench model checkpoint: a
+    mapping of names to tensors, read safely. Both read alike, so every reader of weights (pretrained
+    `model_weights`, `features_from`, `teacher_checkpoint`) takes files from before and after checkpoints
+    carried their record."""
+    return as_state_dict(read_weights_only(path, what), path, what)
+
+
+def as_state_dict(loaded: Any, path: Path, what: str) -> dict[str, Tensor]:
+    """The state dict a loaded file holds (itself, or a raybench model checkpoint's weights); anything else is an
+    UnreadableWeightsError naming `path`."""
+    state = loaded.get(CHECKPOINT_WEIGHTS) if is_model_checkpoint(loaded) else loaded
     if not isinstance(state, Mapping) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
         raise UnreadableWeightsError(f"{what} {str(path)!r} is not a state dict (a mapping of names to tensors), "
                                      f"it holds a {type(state).__name__}")

@@ -209,7 +209,7 @@ def new_space_text(algorithm: str) -> str:
 def _header_lines(cls: type[Algorithm], algorithm: str) -> list[str]:
     lines = [f"# A starting search space for {algorithm}, written by `raybench space new {algorithm}`.",
              "# Check it with `raybench space show FILE --dataset D`, then `raybench sweep FILE --smoke`;",
-             "# the format is documented in search_spaces/README.md."]
+             "# the format is documented in raybench/search_spaces/README.md."]
     if cls.dataset_settings:
         lines.append(f"# {algorithm} runs only on datasets that declare {cls.dataset_settings} "
                      f"(algorithm_hparams.{algorithm}).")

@@ -67,6 +67,7 @@ class BenchmarkOptions:
     resume_command: str | None = None
     progress_every_s: float = 30.0
     force: bool = False  # with resume: go on under a benchmark file that changed since the benchmark started
+    spaces: tuple[str, ...] = ()  # the user's --spaces folders (absolute): each pair's sweep looks names up there too
 
 
 @dataclass
@@ -329,7 +330,7 @@ def pair_settings(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, t
             "trials": pair.trials, "replicates": pair.replicates, "seed": benchmark.seed,
             "selection": benchmark.selection, "executor": benchmark.executor, "smoke": benchmark.smoke,
             "extra_fixed": {key: setting_word(value) for key, value in pair.fixed.items()},
-            "parent_run": target.parent_run, "resume": resume, **concurrency(benchmark, target)}
+            "parent_run": target.parent_run, "resume": resume, "spaces": options.spaces, **concurrency(benchmark, target)}
 
 
 def concurrency(benchmark: Benchmark, target: SweepTarget) -> dict[str, Any]:

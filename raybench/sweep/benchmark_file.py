@@ -1,7 +1,8 @@
 """Benchmark files: a grid of (dataset, search space) pairs and how to sweep each, parsed once into typed
 records and validated before any cluster work.
 
-The format (documented with the shipped files in benchmarks/grids/README.md):
+The format (documented with the shipped files in raybench/grids/README.md; `raybench benchmark NAME` runs
+the shipped NAME.yaml):
 
     name: embedded-grid
     selection: ood_val          # ood_val, id_val or oracle, for every pair
@@ -24,6 +25,8 @@ failing them is recorded and the others go on.
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +34,18 @@ from typing import Any
 from raybench.data import DATASETS
 from raybench.paths import NAME_RULE, name_problem, safe_name
 from raybench.settings import MAX_SEED, number_text
+from raybench.sweep import space_catalog
 from raybench.sweep.selection import SELECTIONS
-from raybench.sweep.space import OWN_FLAGS, YamlFileError, is_file, load_space, no_unknown_keys, read_yaml, resolve_path
+from raybench.sweep.space import (
+    OWN_FLAGS,
+    SpaceError,
+    YamlFileError,
+    is_file,
+    load_space,
+    no_unknown_keys,
+    read_yaml,
+    resolve_path,
+)
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"name", "description", "selection", "seed", "trials", "replicates", "executor", "smoke",
@@ -55,7 +68,7 @@ class Pair:
     """One sweep of the benchmark: a search space on a dataset, with the settings it runs under."""
 
     dataset: str
-    space: str  # as written in the file: a name in search_spaces/ or a path
+    space: str  # as written in the file: a space name (raybench list spaces) or a path
     space_path: Path
     method: str  # the space's file stem (erm_aug), the row name `compare` gives it
     algorithm: str
@@ -111,14 +124,25 @@ class Benchmark:
         return max(1, self.max_concurrent_trials // self.unqueued_sweeps_at_once)
 
 
-def load_benchmark(path_text: str) -> Benchmark:
-    path = Path(path_text)
+def load_benchmark(path_text: str, folders: Sequence[str | os.PathLike[str]] = ()) -> Benchmark:
+    """The benchmark a file (or the name of a grid raybench ships) describes, parsed and validated; its space names
+    are looked up in the user's `folders` (--spaces) first, as each pair's sweep looks them up."""
+    path = benchmark_path(path_text)
     if not is_file(path):
-        raise BenchmarkError(path, "file", str(path), "an existing benchmark YAML file")
-    return parse_benchmark(read_yaml(path), path)
+        raise BenchmarkError(path, "file", str(path), f"an existing benchmark YAML file or one of: "
+                                                      f"{', '.join(space_catalog.grid_names())}")
+    return parse_benchmark(read_yaml(path), path, folders)
 
 
-def parse_benchmark(data: Any, path: Path) -> Benchmark:
+def benchmark_path(path_text: str) -> Path:
+    """A path as given, or the shipped grid a bare name stands for (`embedded` -> raybench/grids/embedded.yaml)."""
+    path = Path(path_text)
+    if path.suffix in (".yaml", ".yml") or is_file(path) or path_text not in space_catalog.grid_names():
+        return path
+    return space_catalog.find_grid(path_text)
+
+
+def parse_benchmark(data: Any, path: Path, folders: Sequence[str | os.PathLike[str]] = ()) -> Benchmark:
     if not isinstance(data, dict):
         raise BenchmarkError(path, "(top level)", data, f"a mapping with keys {', '.join(sorted(TOP_KEYS))}")
     no_unknown_keys(data, TOP_KEYS, path, "", BenchmarkError)
@@ -135,7 +159,7 @@ def parse_benchmark(data: Any, path: Path) -> Benchmark:
     if not isinstance(smoke, bool):
         raise BenchmarkError(path, "smoke", smoke, "true or false")
     cap = _count(data, "max_concurrent_trials", path, "max_concurrent_trials", 1, 2, MAX_CONCURRENT)
-    grid = _grid(data.get("grid"), path)
+    grid = _grid(data.get("grid"), path, folders)
     excluded = _exclusions(data.get("exclude"), path, grid)
     runnable = [(d, s) for d, s in grid if (d, s) not in excluded]
     if not runnable:
@@ -147,9 +171,9 @@ def parse_benchmark(data: Any, path: Path) -> Benchmark:
                 "replicates": _count(data, "replicates", path, "replicates", 1, None, MAX_REPLICATES),
                 "set": _settings(data.get("set"), path, "set")}
     overrides = _overrides(data.get("pairs"), path, runnable)
-    pairs = [_pair(str(name), dataset, space, defaults, overrides.get((dataset, space), {}), path)
+    pairs = [_pair(str(name), dataset, space, defaults, overrides.get((dataset, space), {}), path, folders)
              for dataset, space in runnable]
-    refused = [Refused(d, _space_path(s, path).stem, excluded[(d, s)]) for d, s in grid if (d, s) in excluded]
+    refused = [Refused(d, _space_path(s, path, folders).stem, excluded[(d, s)]) for d, s in grid if (d, s) in excluded]
     _refuse_name_clashes(pairs, path)
     description = data.get("description", "")
     if not isinstance(description, str):
@@ -177,7 +201,7 @@ def _names(value: Any, path: Path, key: str) -> list[str]:
     return value
 
 
-def _grid(blocks: Any, path: Path) -> list[tuple[str, str]]:
+def _grid(blocks: Any, path: Path, folders: Sequence[str | os.PathLike[str]]) -> list[tuple[str, str]]:
     """Every (dataset, space) pair of the grid's blocks, in file order; a pair named twice is an error."""
     if not isinstance(blocks, list) or not blocks:
         raise BenchmarkError(path, "grid", blocks, "a non-empty list of {datasets: [...], spaces: [...]} blocks")
@@ -192,7 +216,7 @@ def _grid(blocks: Any, path: Path) -> list[tuple[str, str]]:
             if dataset not in DATASETS:
                 raise BenchmarkError(path, f"{key}.datasets", dataset, f"a dataset name: one of {', '.join(DATASETS.names())}")
         for space in spaces:
-            _space_path(space, path)  # refuses a missing file now
+            _space_path(space, path, folders)  # refuses a missing file now
         for pair in ((d, s) for d in datasets for s in spaces):
             if pair in pairs:
                 raise BenchmarkError(path, key, f"{pair[1]} on {pair[0]}", "each pair once in the grid")
@@ -200,12 +224,20 @@ def _grid(blocks: Any, path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def _space_path(space: str, path: Path) -> Path:
-    """A space name (search_spaces/NAME.yaml) or a YAML path, relative to the benchmark file's folder."""
-    candidate = path.parent / space if space.endswith((".yaml", ".yml")) else resolve_path(space)
+def _space_path(space: str, path: Path, folders: Sequence[str | os.PathLike[str]]) -> Path:
+    """A space name (looked up as `raybench sweep NAME` looks it up) or a YAML path, relative to the benchmark
+    file's folder."""
+    if space.endswith((".yaml", ".yml")):
+        candidate = path.parent / space
+    else:
+        try:
+            candidate = resolve_path(space, folders)
+        except SpaceError:
+            candidate = path.parent / f"{space}.yaml"  # no such name: refused below, naming the known ones
     if not is_file(candidate):
-        raise BenchmarkError(path, "spaces", space, "a search-space name in search_spaces/ or a YAML file "
-                                                    "(relative to the benchmark file)")
+        known = ", ".join(space_catalog.space_names(folders))
+        raise BenchmarkError(path, "spaces", space, f"a search-space name ({known}) or a YAML file (relative to the "
+                                                    f"benchmark file)")
     return candidate
 
 
@@ -270,8 +302,9 @@ def _overrides(entries: Any, path: Path, runnable: list[tuple[str, str]]) -> dic
     return found
 
 
-def _pair(benchmark: str, dataset: str, space: str, defaults: dict[str, Any], override: dict[str, Any], path: Path) -> Pair:
-    space_path = _space_path(space, path)
+def _pair(benchmark: str, dataset: str, space: str, defaults: dict[str, Any], override: dict[str, Any], path: Path,
+          folders: Sequence[str | os.PathLike[str]]) -> Pair:
+    space_path = _space_path(space, path, folders)
     parsed = load_space(str(space_path))  # a malformed space is refused now, naming its own file and key
     fixed = {**defaults["set"], **override.get("set", {})}
     try:

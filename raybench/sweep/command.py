@@ -22,6 +22,7 @@ from raybench.records import SweepSummary
 from raybench.registry import UnknownNameError
 from raybench.sweep import options as sweep_options
 from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
+from raybench.sweep.space_catalog import SpaceFolderError, user_sources
 
 PROG = "raybench sweep"  # how users call it, so the usage line names the command they type
 DESCRIPTION = "random search + seed replicates on Ray, tracked in MLflow (WILDS 2.0 App. D)"
@@ -48,8 +49,14 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     143 after the interrupted line; a full disk 74, sysexits' EX_IOERR (the input was good, a write was not)."""
     from raybench.paths import StorageFull
 
-    if args.address:
-        probe_cluster(args.address)  # before prepare() writes the storage folder or the tracking store
+    check_space_folders(args.spaces)  # a bad $RAYBENCH_SPACES, before anything starts
+    load_plugins_or_refuse(args.plugin)  # before a name is checked: a plug-in may define it
+    try:
+        address = sweep_options.cluster_address(args.address)
+    except OptionError as err:
+        raise UsageError(str(err)) from None
+    if address:
+        probe_cluster(address)  # before prepare() writes the storage folder or the tracking store
     resume = resume_command(argv)
     try:
         options = sweep_options.from_namespace(args, resume_command=resume)
@@ -80,7 +87,7 @@ def _sweep(options: sweep_options.SweepOptions) -> tuple[SweepSummary, str]:
     try:
         prepared = prepare(options)
         return run_sweep(prepared), prepared.tracking_uri
-    except (SpaceError, SweepExists, SweepBusy, OptionError) as err:
+    except (SpaceError, SpaceFolderError, SweepExists, SweepBusy, OptionError) as err:
         raise UsageError(str(err)) from None
     except UnknownNameError as err:
         raise UsageError(f"--dataset/--selection: {err}") from None
@@ -123,6 +130,27 @@ def mlflow_hint(uri: str, ids: dict[str, str]) -> str:
     else:
         server, prefix = "http://127.0.0.1:5000", f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open "
     return prefix + (ui_link(server, ids["experiment_id"], ids["run_id"]) if ids else server)
+
+
+def check_space_folders(folders: Sequence[str]) -> None:
+    """Refuse, in one line, a --spaces folder or a $RAYBENCH_SPACES entry that is no folder: a space name would
+    otherwise be looked up without it, and a sweep start on another space of the same name."""
+    try:
+        user_sources(folders)
+    except SpaceFolderError as err:
+        raise UsageError(str(err)) from None
+
+
+def load_plugins_or_refuse(flags: Sequence[str]) -> None:
+    """Import the plug-ins the flags, $RAYBENCH_PLUGINS and the entry points name, and name them in the
+    environment of every process this one starts; a plug-in that cannot be used is one line naming it."""
+    from raybench.plugins import PluginError, export_to_children, load_plugins
+
+    try:
+        load_plugins(flags)
+    except PluginError as err:
+        raise UsageError(f"--plugin: {err}") from None
+    export_to_children()
 
 
 def probe_cluster(address: str) -> None:

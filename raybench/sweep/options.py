@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import MISSING, dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from raybench.flag_types import (
 from raybench.paths import safe_name
 from raybench.settings import default_of
 from raybench.sweep.errors import OptionError
+from raybench.sweep.space_catalog import folder_problem
 from raybench.sweep.trial_slots import slot_folder_problem
 
 METADATA_KEY = "raybench.sweep_option"
@@ -61,6 +63,19 @@ class Pairs:
 
 
 @dataclass(frozen=True)
+class Words:
+    """A repeatable flag of one word each (`--spaces a --spaces b`): the field keeps every word, in the order
+    given, as a tuple."""
+
+    def field_value(self, parsed: list[Any]) -> tuple[Any, ...]:
+        return tuple(parsed)
+
+    def words(self, flag: str, value: Any) -> list[str]:
+        """The flag once per word the field holds."""
+        return [word for item in value for word in (flag, str(item))]
+
+
+@dataclass(frozen=True)
 class Flag:
     """How a user sets one option: `flag` such as "--max-concurrent" (None: the positional argument, named after
     its field); `parse`, argparse's type (None: the text as given). A field whose default is a bool is a switch."""
@@ -70,7 +85,7 @@ class Flag:
     help: str | None = None
     choices: tuple[str, ...] = ()
     metavar: str | None = None
-    repeats: Pairs | None = None
+    repeats: Pairs | Words | None = None
     fixed_on_resume: bool = False  # it decides what is trained or selected: a --resume must give the recorded value
 
     @property
@@ -93,7 +108,7 @@ class Internal:
 
 def option(default: Any = MISSING, *, flag: str | None, parse: Callable[[str], Any] | None = None,
            help: str | None = None, choices: tuple[str, ...] = (), metavar: str | None = None,
-           repeats: Pairs | None = None, fixed_on_resume: bool = False, default_factory: Any = MISSING) -> Any:
+           repeats: Pairs | Words | None = None, fixed_on_resume: bool = False, default_factory: Any = MISSING) -> Any:
     """A SweepOptions field that `flag` sets; `fixed_on_resume`: a `--resume` may not change it (it decides what
     is trained and selected, and Tune's restore keeps the search it started)."""
     return _field(Flag(flag, parse, help, choices, metavar, repeats, fixed_on_resume), default, default_factory)
@@ -120,6 +135,33 @@ def setting_word(value: Any) -> str:
 
 RESOURCES = Pairs(spell=number_word)  # resource_request already split NAME=AMOUNT
 SETTINGS = Pairs(spell=setting_word, split=assignment, mapping=True)  # split after parsing: see `assignment`
+WORDS = Words()
+
+
+def space_folder(text: str) -> str:
+    """--spaces: an existing folder of search spaces, refused now rather than found empty by the lookup."""
+    problem = folder_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+# What Ray's job supervisor sets in a submitted job's driver: the cluster's GCS address, and the job's config.
+RAY_ADDRESS_VARIABLE = "RAY_ADDRESS"
+RAY_JOB_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def cluster_address(flag: str | None) -> str | None:
+    """The cluster a sweep joins, as Ray users expect: `--address`, else `$RAY_ADDRESS` (a submitted Ray job's
+    driver always has it), else None (a private local Ray). Inside a job an --address naming another cluster is
+    refused: the job's trials would run on a cluster the job does not hold."""
+    given = os.environ.get(RAY_ADDRESS_VARIABLE, "").strip() or None
+    if flag is None or flag == "auto":
+        return given or flag
+    if RAY_JOB_VARIABLE in os.environ and given not in (None, "auto") and flag != given:
+        raise OptionError("--address: this sweep runs inside a Ray job, on the cluster its $RAY_ADDRESS names, and "
+                          "--address names another; leave --address out (or give 'auto') to use the job's cluster")
+    return flag
 
 
 def trial_slot_folder(text: str) -> str:
@@ -134,7 +176,10 @@ def trial_slot_folder(text: str) -> str:
 class SweepOptions:
     """One sweep as `raybench sweep` takes it, its fields in the order `raybench sweep --help` lists their flags."""
 
-    space: str = option(flag=None, help="a search-space name in search_spaces/ (e.g. dann) or a path to a YAML file")
+    space: str = option(flag=None, help="a search-space name (e.g. dann; raybench list spaces) or a path to a YAML file")
+    spaces: tuple[str, ...] = option((), flag="--spaces", parse=space_folder, repeats=WORDS, metavar="DIR",
+                                     help="a folder of your own search spaces (NAME.yaml), looked up before "
+                                          "$RAYBENCH_SPACES, plug-ins' and raybench's own (repeatable)")
     dataset: str = option("digits-shift", flag="--dataset", fixed_on_resume=True)
     trials: int | None = option(None, flag="--trials", parse=positive_int,  # None: 10, or 2 with smoke
                                 help="random configs to try (default 10; 2 with --smoke)", fixed_on_resume=True)
@@ -183,6 +228,11 @@ class SweepOptions:
     extra_fixed: dict[str, Any] = option(  # noqa: RUF009  option() is dataclasses.field, with a default_factory
         flag="--set", default_factory=dict, repeats=SETTINGS, metavar="KEY=VALUE",
         help="fix a trainer setting for every trial")
+    plugins: tuple[str, ...] = option(
+        (), flag="--plugin", repeats=WORDS, metavar="MODULE|PATH",
+        help="a module, .py file or package folder that registers algorithms, datasets, models or search spaces; "
+             "imported in the driver and in every trial and worker (repeatable; also $RAYBENCH_PLUGINS and the "
+             "raybench.plugins entry points)")
     parent_run: str | None = option(None, flag="--parent-run", metavar="RUN_ID",
                                     help="nest the sweep's MLflow run under this run (a benchmark passes its own)")
     max_failures: int = internal(2, why="a fixed policy: how often Ray restarts a trial whose worker failed")

@@ -110,6 +110,7 @@ class RunSpec:
     train_path: TrainPath = dataclasses.field(default_factory=lambda: DEFAULT_TRAIN_PATH)
     early_stopping: EarlyStopping | None = None  # None: every trial runs all of its epochs (FIFO)
     trial_slots: Path | None = None  # a benchmark's trial queue on a cluster at --address (QueuedSearch)
+    plugins: tuple[str, ...] = ()  # module names every trial imports before it builds anything
 
     @property
     def stop_requests(self) -> StopRequests:
@@ -133,11 +134,13 @@ DEFAULT_TRAIN_PATH = TrainPath()
 
 
 # ----- connecting -----------------------------------------------------------------------------------
-def connect(address: str | None, driver_slots: int, queues: dict[str, int] | None = None) -> bool:
+def connect(address: str | None, driver_slots: int, queues: dict[str, int] | None = None,
+            py_modules: list[str] | None = None) -> bool:
     """Join a cluster (`address`) or start a private local one; make sure trial drivers can be placed.
 
     Returns whether this call connected (so the caller disconnects again); False when Ray was already up.
     `queues` adds custom resources to a private Ray's node: a benchmark's trial queue (Resources.per_trial).
+    `py_modules`, the plug-ins' code, goes to every node with the job's runtime_env (`plugin_runtime_env`).
     First the processes that dead drivers' private Rays left on this host are stopped (leftovers.py); a private
     Ray started here is recorded for the same reason. The caller's SIGTERM handler survives ray.init.
     """
@@ -148,7 +151,8 @@ def connect(address: str | None, driver_slots: int, queues: dict[str, int] | Non
         temp_dir = node_temp_dir()
         probe_address(address)
         with callers_sigterm_kept():
-            ray.init(address=address, log_to_driver=False, _temp_dir=temp_dir)
+            ray.init(address=address, log_to_driver=False, _temp_dir=temp_dir,
+                     runtime_env=plugin_runtime_env(py_modules or []))
         if ray.cluster_resources().get(DRIVER_RESOURCE, 0) < 1:
             ray.shutdown()
             raise ClusterError(
@@ -162,11 +166,29 @@ def connect(address: str | None, driver_slots: int, queues: dict[str, int] | Non
     with callers_sigterm_kept():
         ray.init(resources={DRIVER_RESOURCE: max(driver_slots, 1), **(queues or {})},
                  include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+                 configure_logging=False, runtime_env=plugin_runtime_env(py_modules or []))
     node = ray._private.worker._global_node  # the Ray this process just started: its session and processes
     record_driver(Path(node.get_session_dir_path()),
                   [info.process.pid for infos in node.all_processes.values() for info in infos])
     return True
+
+
+JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # a submitted job's config, which its driver's ray.init merges
+
+
+def plugin_runtime_env(py_modules: list[str]) -> dict[str, Any] | None:
+    """The runtime_env that ships the plug-ins' code to every worker of this driver's job, on every node: their
+    trial processes and Train workers import the plug-ins by module name (TrialSpec.plugins).
+
+    Inside a submitted job whose own runtime_env already has `py_modules`, Ray refuses to merge a second list
+    ("Specifying the same runtime_env fields ... is not allowed"): the job's own list then carries the plug-ins,
+    as `ray job submit --runtime-env-json` or JobSubmissionClient(runtime_env=...) gave it."""
+    if not py_modules:
+        return None
+    job = json.loads(os.environ.get(JOB_CONFIG_VARIABLE) or "{}").get("runtime_env") or {}
+    if job.get("py_modules"):
+        return None
+    return {"py_modules": list(py_modules)}
 
 
 NODE_WATCH_INTERVAL_S = 5.0
@@ -368,7 +390,7 @@ def trial_spec(space: ResolvedSpace, spec: RunSpec) -> TrialSpec:
     """What each trial of the stage is told: values and ray_trial's types only, so that Tune's pickle of the
     trainable names nothing of this module (a trial process would import it, Optuna and all, to unpickle it)."""
     return TrialSpec(space, spec.stage, spec.completed, spec.stop_requests, spec.storage / spec.name / "train",
-                     spec.resources, spec.train_path, spec.early_stopping)
+                     spec.resources, spec.train_path, spec.early_stopping, spec.plugins)
 
 
 def make_trainable(space: ResolvedSpace, spec: RunSpec) -> Any:

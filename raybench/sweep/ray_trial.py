@@ -184,6 +184,7 @@ class TrialSpec:
     resources: Resources
     train_path: TrainPath
     early_stopping: EarlyStopping | None = None  # None: every trial runs all of its epochs
+    plugins: tuple[str, ...] = ()  # the plug-ins' module names, imported where the trainer runs
 
     def identity(self, sampled: dict[str, Any]) -> RunIdentity:
         return RunIdentity.of(self.space, sampled, self.stage)
@@ -348,7 +349,7 @@ def _train_run(trial: TrialSpec, run: RunIdentity, tune_trial_id: str, relay: Re
     return trainer_class(
         train_worker_loop,
         train_loop_config={"config": run.config, "threads": resources.cpus_per_worker,
-                           "stop_file": trial.stop_file(tune_trial_id)},
+                           "stop_file": trial.stop_file(tune_trial_id), "plugins": trial.plugins},
         scaling_config=ray.train.ScalingConfig(
             num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0,
             resources_per_worker=resources.per_worker(),
@@ -374,7 +375,7 @@ def function_trial(trial: TrialSpec, sampled: dict[str, Any]) -> None:
     tune_trial_id = tune.get_context().get_trial_id()
     reporter = TuneReporter(trial.stop_file(tune_trial_id))
     try:
-        fit(run.config, reporter, tune.get_checkpoint(), int(trial.resources.cpus_per_worker))
+        fit(run.config, reporter, tune.get_checkpoint(), int(trial.resources.cpus_per_worker), trial.plugins)
     except Exception as err:
         failure = deterministic_failure(err)  # a retry (FailureConfig) would meet it again
         if failure is None:

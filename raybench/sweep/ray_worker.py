@@ -148,11 +148,16 @@ class TrainReporter(StopRequestReader):
             self.clock.report(lambda: ray.train.report(metrics, checkpoint=checkpoint))
 
 
-def fit(config: dict[str, Any], reporter: Callback, checkpoint: Any | None, threads: int) -> None:
-    """Run the raybench trainer, resuming from `checkpoint` if the run was retried or restored."""
+def fit(config: dict[str, Any], reporter: Callback, checkpoint: Any | None, threads: int,
+        plugins: tuple[str, ...] = ()) -> None:
+    """Run the raybench trainer, resuming from `checkpoint` if the run was retried or restored. The sweep's
+    plug-ins are imported first: this process turns the config's names into a dataset, a model, an algorithm."""
     import torch
 
+    from raybench.plugins import load_modules
     from raybench.trainer import TrainConfig, Trainer
+
+    load_modules(plugins)
 
     torch.set_num_threads(max(1, threads))
     trainer = Trainer(TrainConfig.from_flat(config), callbacks=[reporter])
@@ -180,7 +185,8 @@ def train_worker_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train's per-worker function: one raybench trainer per worker."""
     try:
         reporter = TrainReporter(loop_config.get("stop_file"))
-        fit(loop_config["config"], reporter, ray.train.get_checkpoint(), int(loop_config["threads"]))
+        fit(loop_config["config"], reporter, ray.train.get_checkpoint(), int(loop_config["threads"]),
+            tuple(loop_config.get("plugins", ())))
     except Exception as err:
         failure = deterministic_failure(err)
         if failure is None:

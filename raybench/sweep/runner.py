@@ -31,12 +31,14 @@ from raybench.paths import (
     take_lock,
     writable_dir_problem,
 )
+from raybench.plugins import module_names as plugin_modules
+from raybench.plugins import runtime_env_modules
 from raybench.records import Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.sweep import options as sweep_options
 from raybench.sweep import results as tables
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.importance import MIN_TRIALS, Importances, importances
-from raybench.sweep.options import SCHEDULERS, SweepOptions  # SweepOptions is imported from here too
+from raybench.sweep.options import SCHEDULERS, SweepOptions, cluster_address  # SweepOptions is imported from here too
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import (
@@ -111,10 +113,12 @@ def dataset_for_trials(options: SweepOptions, space: SearchSpace) -> ShiftDatase
         raise OptionError(f"--dataset {options.dataset}: {err}") from None
 
 
-def prepare(options: SweepOptions) -> Prepared:
-    """Validate the space, the dataset, the options and the tracking server; raises with a clear message."""
+def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared:
+    """Validate the space, the dataset, the options and the tracking server; raises with a clear message.
+    `space`: a space the caller parsed already (the Python API's mapping or object), else `options.space` is read."""
+    _load_plugins(options.plugins)
     check_options(options)
-    space = load_space(options.space)
+    space = space if space is not None else load_space(options.space, options.spaces)
     dataset = dataset_for_trials(options, space)
     selection = SELECTIONS.get(options.selection)
     metric = selection.metric(dataset)
@@ -147,6 +151,17 @@ def prepare(options: SweepOptions) -> Prepared:
     _check_storage_for(name, storage, options.resume)
     return Prepared(options, name, resolved, space.algorithm, metric, selection.label(dataset), list(dataset.metric_names), uri, storage,
                     dry_run.epochs, report_layout(dataset))
+
+
+def _load_plugins(flags: tuple[str, ...]) -> None:
+    """The sweep's plug-ins, imported before the space and the names it holds are read (a plug-in may define
+    both); one OptionError naming the plug-in that cannot be used."""
+    from raybench.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins(flags)
+    except PluginError as err:
+        raise OptionError(f"--plugin: {err}") from None
 
 
 def report_layout(dataset: ShiftDataset) -> dict[str, Any]:
@@ -425,8 +440,9 @@ class RaySession:
         from raybench.sweep import ray_backend  # Ray is imported only once everything is valid
 
         self.backend = ray_backend
-        self.connected = ray_backend.connect(self.options.address,
-                                             driver_slots=max(self.options.max_concurrent, 1) * 2)
+        self.connected = ray_backend.connect(cluster_address(self.options.address),
+                                             driver_slots=max(self.options.max_concurrent, 1) * 2,
+                                             py_modules=runtime_env_modules())
 
     def start_beside(self, work: Callable[[], T]) -> T:
         """Start Ray while `work` runs in another thread; its result, or its error once Ray is let go again."""
@@ -473,7 +489,8 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
         name = f"{prepared.name}-{stage}{suffix}"
         run = backend.RunSpec(name, prepared.storage, stage, opts.executor, resources, opts.max_concurrent,
                               early_stopping=early_stopping,
-                              trial_slots=Path(opts.trial_slots) if opts.trial_slots else None)
+                              trial_slots=Path(opts.trial_slots) if opts.trial_slots else None,
+                              plugins=plugin_modules())
         records = backend.RunRecords(run.completed, prepared.space, stage)
         callback = backend.TrackingCallback(tracker, prepared.space, stage, tags, records,
                                             journal=prepared.storage / name / TRIAL_JOURNAL, resuming=opts.resume)

@@ -2,8 +2,9 @@
 
 A file names an algorithm and lists what is sampled (`search`), what is set (`fixed`), what follows
 from the sampled values (`derived`) and per-dataset overrides (`datasets: {name: {...}}`). The format
-is documented in search_spaces/README.md. Every error names the file, the key, the value and what
-was expected, in one line.
+is documented in raybench/search_spaces/README.md. A space is named by its file's path, or by a name that
+raybench.sweep.space_catalog looks up (the user's folders, the plug-ins', the shipped ones). Every error names
+the file, the key, the value and what was expected, in one line.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import yaml
 from raybench.algorithms import ALGORITHMS
 from raybench.data import DATASETS, ShiftDataset
 from raybench.settings import Distribution
+from raybench.sweep import space_catalog
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"algorithm", "description", "search", "fixed", "derived", "datasets"}
@@ -29,7 +32,7 @@ DISTRIBUTIONS = ("loguniform", "uniform", "choice", "lr")
 # ratio_epochs: epochs = ceil(factor * E / (k + 1)); max_batch_size: the dataset's MAX_BS (App. D), else its
 # default batch size. The second depends on the dataset only, so it is fixed when the space is bound.
 DERIVED_RULES = ("ratio_epochs", "max_batch_size")
-SEARCH_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+SEARCH_DIR = space_catalog.shipped_folder()  # the spaces raybench ships (package data)
 
 
 class YamlFileError(ValueError):
@@ -192,12 +195,26 @@ class RunIdentity:
 
 
 # ----- parsing and validation -------------------------------------------------------------------
-def resolve_path(name_or_path: str) -> Path:
-    """A path as given, or the name of a file in search_spaces/ (`dann` -> search_spaces/dann.yaml)."""
+def resolve_path(name_or_path: str, folders: Sequence[str | os.PathLike[str]] = ()) -> Path:
+    """A path as given, or the file a space name stands for (`dann` -> .../raybench/search_spaces/dann.yaml), looked
+    up in the user's `folders` (--spaces), then $RAYBENCH_SPACES', the plug-ins' and raybench's own. A name no
+    source holds is a SpaceError listing the names that exist."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or is_file(path):
         return path
-    return SEARCH_DIR / f"{name_or_path}.yaml"
+    try:
+        return space_catalog.find_space(name_or_path, folders)[0]
+    except space_catalog.UnknownSpaceError:
+        raise missing_space(Path(f"{name_or_path}.yaml"), folders) from None
+
+
+def missing_space(path: Path, folders: Sequence[str | os.PathLike[str]] = ()) -> SpaceError:
+    """The error for a space file that does not exist: it names every space name a sweep could use instead, and
+    the folders they were looked up in."""
+    sources = space_catalog.space_sources(folders)
+    known = ", ".join(space_catalog.space_names(folders))
+    where = ", ".join(str(source.folder) for source in sources)
+    return SpaceError(path, "file", str(path), f"an existing YAML file or one of: {known} (the spaces in {where})")
 
 
 def is_file(path: Path) -> bool:
@@ -252,11 +269,12 @@ def read_text(path: Path) -> str:
         raise SpaceError(path, f"line {line}", raw[err.start:err.end], "UTF-8 text") from None
 
 
-def load_space(name_or_path: str) -> SearchSpace:
-    path = resolve_path(name_or_path)
+def load_space(name_or_path: str, folders: Sequence[str | os.PathLike[str]] = ()) -> SearchSpace:
+    """The space a name or a path stands for, parsed and validated; `folders`: the user's --spaces folders,
+    looked up first. SpaceError for a missing or malformed file, SpaceFolderError for a folder that is none."""
+    path = resolve_path(name_or_path, folders)
     if not is_file(path):
-        known = ", ".join(sorted(p.stem for p in SEARCH_DIR.glob("*.yaml")))
-        raise SpaceError(path, "file", str(path), f"an existing YAML file or one of: {known}")
+        raise missing_space(path, folders)
     return parse_space(read_yaml(path), path)
 
 
@@ -295,7 +313,11 @@ def children(node: yaml.Node) -> list[yaml.Node]:
 def read_yaml(path: Path) -> Any:
     """The file parsed with duplicate keys refused and its size once aliases are expanded bounded; a problem
     is one SpaceError naming the file and the line (search spaces and benchmark files alike)."""
-    text = read_text(path)
+    return read_yaml_text(read_text(path), path)
+
+
+def read_yaml_text(text: str, path: Path) -> Any:
+    """`read_yaml` on text already read; errors name `path`."""
     loader = StrictLoader(text)
     try:
         node = loader.get_single_node()
@@ -315,6 +337,29 @@ def read_yaml(path: Path) -> Any:
         raise SpaceError(path, where, getattr(err, "problem", str(err)), "valid YAML") from None
     finally:
         loader.dispose()
+
+
+def space_from_mapping(data: Mapping[str, Any], label: str = "<mapping>") -> SearchSpace:
+    """A space given as a mapping with a YAML file's keys (the Python API), validated exactly as the file would
+    be: written as YAML and read back by the same strict reader, so a value no YAML file can hold is refused too."""
+    path = Path(label)
+    if not isinstance(data, Mapping):
+        raise SpaceError(path, "(top level)", data, "a mapping with keys algorithm, search, fixed, derived, datasets")
+    try:
+        text = yaml.safe_dump(_plain_mapping(data), sort_keys=False)
+    except yaml.YAMLError as err:
+        raise SpaceError(path, "(top level)", str(err).splitlines()[0], "plain YAML values (text, numbers, "
+                                                                        "booleans, lists and mappings)") from None
+    return parse_space(read_yaml_text(text, path), path)
+
+
+def _plain_mapping(data: Mapping[str, Any]) -> Any:
+    """Nested mappings as dicts, so that safe_dump takes any Mapping a caller built (and nothing else)."""
+    if isinstance(data, Mapping):
+        return {key: _plain_mapping(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_plain_mapping(value) for value in data]
+    return data
 
 
 def parse_space(data: Any, path: Path) -> SearchSpace:

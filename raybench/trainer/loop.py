@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+import raybench
 from raybench.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -42,10 +43,12 @@ from raybench.budget import Spent
 from raybench.checkpoints import (
     BEST_MODEL_FILE,
     STATE_FILE,
+    ModelRecord,
     atomic_save,
     load_state_dict_into,
     read_model_checkpoint,
     read_trial_state,
+    write_model_checkpoint,
 )
 from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
 from raybench.data.base import Batch, move_to
@@ -229,35 +232,17 @@ class Trainer:
         return optimizer, build_schedule(cfg.scheduler, optimizer, optimizer_steps, self.dataset.defaults.scheduler_gamma)
 
     def _autocast(self) -> Any:
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
+        return autocast_on(self.device)
 
     # ----- services offered to multi-round algorithms ----------------------------------------
-    @torch.no_grad()
     def predict(self, model: nn.Module, split: Split, view: Callable[[Any], Any]) -> Any:
         """Outputs of `model` (eval mode) on a whole split, in order, as float32 on the CPU (a tensor, or
         one record per example for a detector)."""
-        was_training = model.training
-        model.eval()
-        outputs = []
-        size = self.config.eval_batch_size
-        slices = (slice(start, start + size) for start in range(0, len(split), size))
-        with Prefetcher(slices, lambda rows: self._pinned(split.x[rows]), self._prefetch_depth(split)) as chunks:
-            for chunk in chunks:
-                with self._autocast():
-                    outputs.append(outputs_to_cpu(model(view(move_to(chunk, self.device)))))
-        model.train(was_training)
-        return concat_outputs(outputs)
+        return predict_split(model, split, view, self.device, self.config.eval_batch_size, self._prefetch_depth(split))
 
     # ----- the data path --------------------------------------------------------------------
     def _prefetch_depth(self, *splits: Split | None) -> int:
-        """How many batches are read ahead: `prefetch` when any input is read from disk; tensors already in
-        memory are indexed on demand (a thread would only add a hand-off to a microsecond read)."""
-        return self.config.prefetch if any(s is not None and is_lazy(s.x) for s in splits) else 0
-
-    def _pinned(self, value: Any) -> Any:
-        return pinned(value) if self.device.type == "cuda" else value
+        return prefetch_depth(self.config.prefetch, *splits)
 
     def _pinned_batch(self, batch: Batch) -> Batch:
         if self.device.type != "cuda":
@@ -548,8 +533,7 @@ class Trainer:
             split, scorer = self.dataset.split(name), algorithm.scoring_model()
             if name in restricted:
                 split, scorer = rows_of(split, restricted[name]), restricted[name].model or scorer
-            outputs = self.predict(scorer, split, self.dataset.views.plain)
-            metrics.update(self.dataset.evaluate(name, outputs, split))
+            metrics.update(score_split(scorer, self.dataset, name, split, self.predict))
         if restricted:
             self._info({"selection_note": "; ".join(rows.note for rows in restricted.values())})
         return metrics
@@ -624,7 +608,18 @@ class Trainer:
         }
         atomic_save(state, directory / STATE_FILE)
         if self.best_state is not None:
-            atomic_save(self.best_state, directory / BEST_MODEL_FILE)
+            write_model_checkpoint(directory / BEST_MODEL_FILE, self.best_state, self.model_record())
+
+    def model_record(self) -> ModelRecord:
+        """What built this run's model, for its `best_model.pt`: the file alone then rebuilds it (raybench.rebuild)."""
+        cfg, dataset = self.config, self.dataset
+        return ModelRecord(
+            model=str(cfg.model), input_shape=tuple(int(n) for n in dataset.input_shape),
+            n_outputs=int(dataset.task.n_outputs), layout=dataset.input_layout, model_weights=cfg.model_weights or "",
+            task=dataset.task.kind.value, n_domains=dataset.n_domains, n_groups=dataset.n_groups,
+            dataset=cfg.dataset, data_seed=cfg.data_seed, algorithm=cfg.algorithm, settings=cfg.to_flat(),
+            epoch=self.progress.best_epoch, raybench_version=raybench.__version__,
+        )
 
     def _load_state(self, directory: Path) -> dict[str, Any]:
         """`state.pt`, read with weights_only=True: a file holding pickled code is refused, never run."""
@@ -642,6 +637,43 @@ class Trainer:
         for key, generator in generators.items():
             generator.set_state(state["generators"][key])
         restore_rng(state["rng"])
+
+
+def autocast_on(device: torch.device) -> Any:
+    """bfloat16 autocast on a GPU, none on a CPU: how the trainer trains and evaluates."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def prefetch_depth(prefetch: int, *splits: Split | None) -> int:
+    """How many batches are read ahead: `prefetch` when any input is read from disk; tensors already in
+    memory are indexed on demand (a thread would only add a hand-off to a microsecond read)."""
+    return prefetch if any(s is not None and is_lazy(s.x) for s in splits) else 0
+
+
+@torch.no_grad()
+def predict_split(model: nn.Module, split: Split, view: Callable[[Any], Any], device: torch.device,
+                  batch_size: int, depth: int = 0) -> Any:
+    """Outputs of `model` (eval mode) on a whole split through `view`, `batch_size` rows at a time with `depth`
+    batches read ahead, in order, as float32 on the CPU (a tensor, or one record per example for a detector).
+    The trainer's `predict`, as a function: a rebuilt checkpoint is scored by the same loop (raybench.rebuild)."""
+    was_training = model.training
+    model.eval()
+    outputs = []
+    slices = (slice(start, start + batch_size) for start in range(0, len(split), batch_size))
+    read = (lambda rows: pinned(split.x[rows])) if device.type == "cuda" else (lambda rows: split.x[rows])
+    with Prefetcher(slices, read, depth) as chunks:
+        for chunk in chunks:
+            with autocast_on(device):
+                outputs.append(outputs_to_cpu(model(view(move_to(chunk, device)))))
+    model.train(was_training)
+    return concat_outputs(outputs)
+
+
+def score_split(model: nn.Module, dataset: ShiftDataset, name: str, split: Split,
+                predict: Callable[[nn.Module, Split, Callable[[Any], Any]], Any]) -> dict[str, float]:
+    """The metrics of `dataset`'s evaluation split `name` (its rows `split`) as every epoch reports them: the
+    outputs `predict` gives for `model` on the plain view, scored by the dataset's own metrics."""
+    return dataset.evaluate(name, predict(model, split, dataset.views.plain), split)
 
 
 def outputs_to_cpu(outputs: Any) -> Any:
