@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LoadedPlugin", "OptionError", "PluginError", "SearchSpace", "SpaceError", "SweepOptions", "SweepSummary",
-    "UnknownNameError", "add_search_spaces", "benchmark", "compare", "load_model", "load_plugins", "load_space",
+    "UnknownNameError", "add_search_spaces", "benchmark", "compare", "evaluate", "load_model", "load_plugins",
+    "load_space",
     "results", "sweep", "train",
 ]
 
@@ -250,3 +251,17 @@ def load_model(sweep_or_checkpoint: str | os.PathLike[str], *, tracking_uri: str
     checkpoint = download_selected_checkpoint(tracking_uri or default_tracking_uri(), str(sweep_or_checkpoint),
                                               folder)
     return rebuild_model(checkpoint)
+
+
+def evaluate(model: nn.Module, record: ModelRecord, split: str = "test",
+             data_dir: str | os.PathLike[str] | None = None) -> dict[str, float]:
+    """A rebuilt model's metrics on one split of the dataset its record names (`test` is OOD test, `id_test` ID
+    test), keyed as the trainer logs them (`test/acc`), by the trainer's own evaluation code. `data_dir`: where
+    the dataset is (default: the record's setting, else $RAYBENCH_DATA_DIR).
+
+    Raises:
+        UnknownNameError: a dataset no registry has (a plug-in's: load it first).
+    """
+    from raybench.rebuild import evaluate_split
+
+    return evaluate_split(model, record, split, Path(data_dir) if data_dir is not None else None)

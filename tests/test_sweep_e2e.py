@@ -118,18 +118,17 @@ def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
 
 
 def test_the_selected_checkpoint_rebuilds_and_scores_its_logged_test_accuracy(smoke_sweep, shared_data_dir, tmp_path):
-    """The selected trial's model, from the sweep's MLflow run alone: rebuilt from its record, scored on the OOD
-    test split, it gives the test accuracy the trial logged at its best epoch (the epoch its weights are from)."""
-    from raybench.rebuild import evaluate_split, rebuild_model
-    from raybench.tracking import download_selected_checkpoint
+    """The selected trial's model, from the sweep's MLflow run alone (the Python API's loader): rebuilt from its
+    record, scored on the OOD test split, it gives the test accuracy the trial logged at its best epoch (the epoch
+    its weights are from)."""
+    from raybench import api
 
-    file = download_selected_checkpoint(smoke_sweep["uri"], "smoke", tmp_path / "selected")
-    assert file == tmp_path / "selected" / "best_model.pt" and sorted((tmp_path / "selected").iterdir()) == [file]
-    model, record = rebuild_model(file)
+    model, record = api.load_model("smoke", tracking_uri=smoke_sweep["uri"], destination=tmp_path / "selected")
+    assert sorted(p.name for p in (tmp_path / "selected").iterdir()) == ["best_model.pt"]
     selected = smoke_sweep["summary"]["selected"]
     assert (record.dataset, record.algorithm, record.model) == ("digits-shift", "dann", "lenet")
     assert record.epoch == selected["best_epoch"] and record.settings["seed"] == selected["seed"]
-    scored = evaluate_split(model, record, "test", data_dir=shared_data_dir)
+    scored = api.evaluate(model, record, "test", data_dir=shared_data_dir)
     assert scored["test/acc"] == pytest.approx(selected["metrics"]["best/test/acc"], abs=1e-6)
     # A smoke trial is near chance, so its macro F1 (which sees every class's hits) pins the model down too.
     assert scored["test/macro_f1"] == pytest.approx(selected["metrics"]["best/test/macro_f1"], abs=1e-6)
