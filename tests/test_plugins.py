@@ -159,3 +159,21 @@ def test_a_plugin_or_config_error_keeps_its_message_out_of_a_ray_process():
     assert isinstance(plugin, PluginError) and str(plugin) == "plug-in 'twinplug': no module named 'twinplug'"
     config = pickle.loads(pickle.dumps(ConfigError("batch_size", "expected a whole number, got 0.5")))
     assert (config.key, config.detail) == ("batch_size", "expected a whole number, got 0.5")
+
+
+def test_a_benchmark_runs_a_plugins_space_in_each_pairs_own_sweep_process(head_env, ray_head, tmp_path):
+    """A benchmark's grid names the plug-in's space; each pair is a sweep process of its own, which must import the
+    plug-in too (the benchmark names it in their environment) before it reads the space."""
+    import yaml
+
+    grid = {"name": "plugged", "selection": "ood_val", "trials": 1, "replicates": 1, "executor": "function",
+            "smoke": True, "grid": [{"datasets": ["digits-shift"], "spaces": ["erm_twin"]}]}
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    runs = tmp_path / "runs"
+    done = run_cli(on_head(["benchmark", str(path), "--plugin", str(TWIN), "--storage", str(runs), "--tracking-uri",
+                            f"sqlite:///{tmp_path / 'mlflow.db'}"], ray_head), head_env, tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [summary_file] = runs.glob("*erm_twin*/results/summary.json")
+    summary = json.loads(summary_file.read_text())
+    assert summary["algorithm"] == "erm_twin" and [t["status"] for t in summary["trials"]] == ["ok"]
