@@ -36,7 +36,7 @@ from raybench.plugins import load_plugins as _load_plugins
 from raybench.records import SweepSummary
 from raybench.registry import UnknownNameError
 from raybench.sweep.errors import OptionError
-from raybench.sweep.options import SweepOptions
+from raybench.sweep.options import SweepOptions, cluster_address
 
 if TYPE_CHECKING:
     from torch import nn
@@ -115,6 +115,7 @@ def sweep(space: str | os.PathLike[str] | Mapping[str, Any] | SearchSpace, *,
     from raybench.sweep.runner import prepare, run_sweep
 
     chosen = _sweep_options(space, options, fields)
+    cluster_address(chosen.address)  # a malformed address is refused before anything is written
     _load_plugins(chosen.plugins)  # a plug-in may define the space's algorithm and the dataset
     parsed = load_space(space, chosen.spaces) if not isinstance(space, (str, os.PathLike)) else None
     return run_sweep(prepare(chosen, parsed))

@@ -151,11 +151,52 @@ RAY_ADDRESS_VARIABLE = "RAY_ADDRESS"
 RAY_JOB_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
+def shown_address(address: str) -> str:
+    """An address as every message prints it: a `user:password@` in it replaced by `***@`."""
+    scheme, sep, rest = address.rpartition("://")
+    netloc, slash, path = rest.partition("/")
+    if "@" not in netloc:
+        return address
+    return f"{scheme}{sep}***@{netloc.rpartition('@')[2]}{slash}{path}"
+
+
+def address_problem(address: str) -> str | None:
+    """What is wrong with a cluster address, before anything connects: Ray's own client retries a port it can
+    never reach (`127.0.0.1:-1`) for ever. None for `auto`, `host:port` and `ray://host:port` (IPv6 in [])."""
+    if address == "auto":
+        return None
+    expected = "expected host:port (a port 1-65535), ray://host:port or auto"
+    scheme, sep, rest = address.rpartition("://")
+    if sep and scheme != "ray":
+        return f"{expected}, got the scheme {scheme!r}"
+    hostport = rest.partition("/")[0].rpartition("@")[2]
+    host, colon, port = hostport.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{expected}, got {shown_address(address)!r}"
+    if host.startswith("[") != host.endswith("]") or (host.startswith("[") and not _is_ipv6(host[1:-1])):
+        return f"{expected}, got {shown_address(address)!r} (an IPv6 host is written in brackets: [::1]:6379)"
+    return None
+
+
+def _is_ipv6(text: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
+
+
 def cluster_address(flag: str | None) -> str | None:
     """The cluster a sweep joins, as Ray users expect: `--address`, else `$RAY_ADDRESS` (a submitted Ray job's
     driver always has it), else None (a private local Ray). Inside a job an --address naming another cluster is
-    refused: the job's trials would run on a cluster the job does not hold."""
+    refused: the job's trials would run on a cluster the job does not hold. A malformed address is refused before
+    anything is written or connects."""
     given = os.environ.get(RAY_ADDRESS_VARIABLE, "").strip() or None
+    for source, address in (("--address", flag), (f"${RAY_ADDRESS_VARIABLE}", given)):
+        problem = address_problem(address) if address else None
+        if problem:
+            raise OptionError(f"{source}: {problem}")
     if flag is None or flag == "auto":
         return given or flag
     if RAY_JOB_VARIABLE in os.environ and given not in (None, "auto") and flag != given:

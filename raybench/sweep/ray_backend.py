@@ -70,6 +70,7 @@ from raybench.report_keys import BEST_PREFIX, BLIND_INFO, NODE, NOTE_INFO, SELEC
 from raybench.sweep.atomic_storage import atomic_local_filesystem
 from raybench.sweep.errors import ClusterError
 from raybench.sweep.leftovers import forget_driver, record_driver, stop_dead_drivers_leftovers
+from raybench.sweep.options import shown_address
 from raybench.sweep.progress import StageProgress
 from raybench.sweep.ray_trial import (  # the types a trial is made of are the driver's too
     STOPPED_KEY,
@@ -156,7 +157,7 @@ def connect(address: str | None, driver_slots: int, queues: dict[str, int] | Non
         if ray.cluster_resources().get(DRIVER_RESOURCE, 0) < 1:
             ray.shutdown()
             raise ClusterError(
-                f"the Ray cluster at {address} has no '{DRIVER_RESOURCE}' resource for trial drivers; start the head "
+                f"the Ray cluster at {shown_address(address)} has no '{DRIVER_RESOURCE}' resource for trial drivers; start the head "
                 f"with --resources='{{\"{DRIVER_RESOURCE}\": 8}}' (cluster/local-up.sh does) or use --executor function"
             )
         watch_own_node()
@@ -298,10 +299,10 @@ def probe_address(address: str, timeout_s: float = 5.0) -> None:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             pass
     except OSError as err:
-        raise ClusterError(f"no Ray cluster answers at {address} ({err.strerror or err}); start one "
+        raise ClusterError(f"no Ray cluster answers at {shown_address(address)} ({err.strerror or err}); start one "
                            f"(cluster/local-up.sh) or leave --address out for a private local Ray") from None
     if not speaks_grpc(host, int(port), timeout_s):
-        raise ClusterError(f"{address} accepts connections but is not a Ray cluster (no gRPC answer within "
+        raise ClusterError(f"{shown_address(address)} accepts connections but is not a Ray cluster (no gRPC answer within "
                            f"{timeout_s:g} s); give the head's GCS address (host:6379 by default) or a ray:// "
                            f"client address")
 
