@@ -33,7 +33,7 @@ lock:
 
 # ruff with the rules pyproject.toml configures; CI fails on any finding.
 lint: $(STAMP)
-	$(BIN)/ruff check raybench tests benchmarks docs
+	$(BIN)/ruff check raybench tests benchmarks docs examples
 
 # Two pytest workers (pytest-xdist): a Ray test spends much of its time waiting on process start-ups, which
 # leaves a core idle that the other worker's test uses. --dist loadscope keeps each test module in one worker,

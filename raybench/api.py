@@ -10,7 +10,7 @@ from raybench import api
 api.load_plugins("my_method")                      # your algorithms, datasets, models, spaces
 summary = api.sweep({"algorithm": "erm", "search": {"lr": {"distribution": "lr"}}},
                     dataset="digits-shift", trials=4, replicates=2)
-print(summary.replicates.test)                     # mean ± std over seeds, as the paper's Table 2
+print(summary.replicates.summary["test/acc"])      # mean and std over seeds, as the paper's Table 2
 model, record = api.load_model(summary.name)       # the selected checkpoint, rebuilt as an nn.Module
 ```
 
