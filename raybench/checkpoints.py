@@ -10,7 +10,7 @@ it carried a record, bare state dicts, still read as weights everywhere.
 """
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,6 +29,7 @@ from raybench.models.base import (
     read_state_dict,
     read_weights_only,
 )
+from raybench.paths import write_atomically
 
 STATE_FILE = "state.pt"
 BEST_MODEL_FILE = "best_model.pt"
@@ -141,10 +142,11 @@ def read_model_file(path: Path) -> tuple[dict[str, Tensor], ModelRecord | None]:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """Write to a temp file, then rename: a run killed mid-write never leaves half a checkpoint."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """`torch.save` all or nothing (raybench.paths.write_atomically): a run killed mid-write never leaves half a
+    checkpoint, and a write that fails (a full disk, a folder where the file belongs) leaves no temporary file.
+    torch's writer says a full disk as a RuntimeError without an errno; it is raised as the OSError (ENOSPC)
+    naming `path`, which the callers turn into one line naming their folder."""
+    write_atomically(Path(path), functools.partial(torch.save, obj))
 
 
 def read_trial_state(directory: Path) -> dict[str, Any]:

@@ -6,15 +6,16 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from raybench.code_memo import code_text
 from raybench.exits import OneLineParser, Signals, UsageError, run_command
-from raybench.flag_types import assignment, positive_float, positive_int, seed_int
+from raybench.flag_types import assignment, nonblank, positive_int, progress_seconds, seed_int
 from raybench.records import PairState
 from raybench.registry import Registry, UnknownNameError
 from raybench.sweep import command as sweep_entry
@@ -26,6 +27,8 @@ from raybench.sweep.command import (
     probe_cluster,
     resume_command,
 )
+
+TRACKING_URI = nonblank("an MLflow tracking URI")  # an empty one silently meant the default store
 
 
 def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
@@ -159,15 +162,18 @@ def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Path 
     """
     from raybench import api
     from raybench.data.base import InputReadError, MissingSourceError
-    from raybench.paths import writable_dir_problem
+    from raybench.sweep.space import refuse_selection_on_test
     from raybench.trainer import ConfigError, DivergenceError, TrainConfig
 
-    problem = writable_dir_problem(output) if output is not None else None
+    problem = output_folder_problem(output) if output is not None else None
     if problem:  # found now, not after an hour of training
         raise UsageError(f"--output: {problem}")
+    made = missing_folders(output) if output is not None else []
     try:
+        refuse_selection_on_test(settings)  # its best epoch would be picked on test
         config = TrainConfig.from_flat(settings)
-        result = api.train(config, output=output, echo=sys.stderr)
+        with full_disk_named(output, "--output", "the run's checkpoints", made):
+            result = api.train(config, output=output, echo=sys.stderr)
     except UnknownNameError as err:
         raise UsageError(f"--dataset: {err}") from None
     except MissingSourceError as err:  # an embedded dataset's Debian package is not installed
@@ -188,9 +194,88 @@ def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Path 
     if output is not None:
         from raybench.sweep.results import write_text_atomically
 
-        write_text_atomically(output / "result.json", json.dumps(summary, indent=2, sort_keys=True))
+        with full_disk_named(output, "--output", f"the run's {RESULT_FILE}", made):
+            write_text_atomically(output / RESULT_FILE, json.dumps(summary, indent=2, sort_keys=True))
     print(json.dumps(summary, sort_keys=True))
     return 0
+
+
+RESULT_FILE = "result.json"  # beside the checkpoints in `train --output`
+
+
+def output_folder_problem(output: Path) -> str | None:
+    """Why `train --output` could not keep its files in `output`, or None: a folder raybench cannot make or write,
+    or a file it replaces there (state.pt, best_model.pt, result.json) that is no regular file. A folder named
+    state.pt failed only at the first epoch's rename, and left its temporary file behind."""
+    from raybench.checkpoints import BEST_MODEL_FILE, STATE_FILE  # torch, which the training imports anyway
+    from raybench.file_kinds import not_a_file
+    from raybench.paths import writable_dir_problem
+
+    problem = writable_dir_problem(output)
+    if problem:
+        return problem
+    for name in (STATE_FILE, BEST_MODEL_FILE, RESULT_FILE):
+        kind = not_a_file(output / name)
+        if kind is not None:
+            return f"{str(output / name)!r} is {kind}; expected a file raybench may replace there, or none"
+    return None
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """`folder` and each of its parents that does not exist yet, innermost first: what a command makes."""
+    return [path for path in (folder, *folder.absolute().parents) if not path.exists()]
+
+
+def remove_if_empty(folders: Sequence[Path]) -> None:
+    """Remove each folder (innermost first) that is still empty: a failed command leaves no folder it made."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+@contextlib.contextmanager
+def full_disk_named(folder: Path | None, flag: str, what: str, made: Sequence[Path] = ()) -> Iterator[None]:
+    """Inside, a full disk (or quota) while a command writes into `folder` (given by `flag`) becomes one
+    StorageFull naming the flag and the folder: exit 74, one line (main). A write elsewhere that fills its disk
+    (a file the error names outside `folder`) is named by that file's folder instead. Every write inside is all
+    or nothing (raybench.paths.write_atomically), so nothing half-written is left, and the folders in `made`
+    (those the command made) are removed again when that left them empty."""
+    from raybench.paths import StorageFull, disk_full_error, inside
+
+    try:
+        yield
+    except StorageFull:
+        remove_if_empty(made)
+        raise
+    except Exception as err:
+        code = disk_full_code(err)
+        if code is None:
+            raise
+        remove_if_empty(made)
+        full = disk_full_error(err)
+        named = Path(str(full.filename)) if full is not None and full.filename else None
+        if folder is None or (named is not None and not inside(folder, named)):
+            where = named.parent if named is not None else Path.cwd()
+            raise StorageFull(where, what, code, flag="") from err
+        raise StorageFull(folder.absolute(), what, code, flag=flag) from err
+
+
+def disk_full_code(err: BaseException) -> int | None:
+    """ENOSPC or EDQUOT when `err` (or its cause) says the disk or the quota is full: an OSError with the errno,
+    or a library's error with only the words (torch's writer raises a RuntimeError; Arrow writes `[errno 28]`)."""
+    import errno
+
+    from raybench.paths import disk_full_errno_in, disk_full_error
+
+    full = disk_full_error(err)
+    if full is not None:
+        return int(full.errno)
+    text = str(err)
+    if "No space left on device" in text:
+        return errno.ENOSPC
+    if "Disk quota exceeded" in text:
+        return errno.EDQUOT
+    return disk_full_errno_in(text)
 
 
 # ----- raybench probe ---------------------------------------------------------------------------
@@ -255,7 +340,8 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--model", help="a registered model (default: the dataset's); must match the checkpoint")
     p.add_argument("--c-grid", help="comma-separated C values for the SVM (default: NeWT's 1e-4..1e3)")
     p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--output", help="directory for the checkpoint (best_model.pt) and result.json")
+    p.add_argument("--output", type=nonblank("a folder"), help="directory for the checkpoint (best_model.pt) and "
+                                                                "result.json")
     add_plugin_flags(p)
     p.set_defaults(run=cmd_probe)
 
@@ -269,8 +355,9 @@ def add_probe_parsers(sub: Any) -> None:
     s.add_argument("--per-class", type=positive_int,
                    help="train (and test) examples per class of each task (default: the most the domain allows, <= 50)")
     s.add_argument("--c-grid", help="comma-separated C values for the SVM (default: NeWT's 1e-4..1e3)")
-    s.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
-    s.add_argument("--experiment", help="MLflow experiment (default: the one sweeps log to)")
+    s.add_argument("--tracking-uri", type=TRACKING_URI,
+                   help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
+    s.add_argument("--experiment", type=nonblank("an MLflow experiment name"), help="MLflow experiment (default: the one sweeps log to)")
     add_plugin_flags(s)
     s.set_defaults(run=cmd_newt_suite)
 
@@ -283,6 +370,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 # ----- raybench benchmark -----------------------------------------------------------------------
 def cmd_benchmark(args: argparse.Namespace) -> int:
+    from raybench.paths import path_problem
     from raybench.sweep.benchmark import BenchmarkInterrupted, BenchmarkOptions, outcome_text, plan_text, run_benchmark
     from raybench.sweep.benchmark_file import BenchmarkError, bind_pairs, load_benchmark
     from raybench.sweep.errors import ClusterError, OptionError, SweepExists
@@ -304,6 +392,9 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     if address:
         probe_cluster(address)
+    storage_problem = path_problem(args.storage)  # before it is resolved: a loop of links raises there
+    if storage_problem:
+        raise UsageError(f"--storage: {storage_problem}")
     resume = resume_command(args.argv)
     options = BenchmarkOptions(Path(args.storage).resolve(), args.tracking_uri or default_tracking_uri(), address,
                                args.resume, resume, args.progress_every, force=args.force,
@@ -318,12 +409,23 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         except ClusterError as err:
             raise UsageError(f"--address: {err}") from None
         except (BenchmarkInterrupted, KeyboardInterrupt) as err:
-            what = str(err) if isinstance(err, BenchmarkInterrupted) else "benchmark interrupted"
-            print(f"raybench: {what}; resume with: {resume}", file=sys.stderr)
+            print(f"raybench: {benchmark_interrupted_line(err, benchmark, options, args.argv)}", file=sys.stderr)
             return signals.exit_status
     print(outcome_text(outcome))
     print(f"\nMLflow: {mlflow_hint(redact_uri(options.tracking_uri), outcome.mlflow)}")
     return 0 if outcome.count(PairState.FAILED) == 0 else 1
+
+
+def benchmark_interrupted_line(err: BaseException, benchmark: Any, options: Any, argv: Sequence[str]) -> str:
+    """What a stopped benchmark says: the command that resumes it only when `--resume` would find its record
+    (the state file a benchmark writes before it starts any pair); before that, the same command starts it."""
+    from raybench.sweep.benchmark import STATE_FILE, BenchmarkInterrupted, bench_dir
+
+    what = str(err) if isinstance(err, BenchmarkInterrupted) else "benchmark interrupted"
+    if (bench_dir(options.storage, benchmark) / STATE_FILE).is_file():
+        return f"{what}; resume with: {options.resume_command}"
+    return (f"{what} before it started: nothing was recorded under --storage, so there is nothing to resume; "
+            f"start it again with: {sweep_entry.again_command(argv)}")
 
 
 def add_benchmark_parser(sub: Any) -> None:
@@ -331,18 +433,19 @@ def add_benchmark_parser(sub: Any) -> None:
 
     b = sub.add_parser("benchmark", help="every (dataset, search space) pair of a benchmark file as one sweep each, "
                                          "all on one Ray cluster, then their comparison (one MLflow parent run)")
-    b.add_argument("file", help=f"a benchmark YAML file, or the name of one raybench ships (raybench/grids/: "
+    b.add_argument("file", type=nonblank("a benchmark YAML file or a shipped grid's name"), help=f"a benchmark YAML file, or the name of one raybench ships (raybench/grids/: "
                                 f"{', '.join(grid_names())})")
     add_spaces_flag(b)
     b.add_argument("--plan", action="store_true", help="print the pairs it would run and those it rules out; run nothing")
     b.add_argument("--resume", action="store_true", help="finish an interrupted benchmark: only pairs not finished run")
     b.add_argument("--force", action="store_true", help="with --resume: resume even though the benchmark file changed "
                                                         "since the benchmark started (finished pairs are kept as they are)")
-    b.add_argument("--address", help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray "
+    b.add_argument("--address", type=nonblank(sweep_options.ADDRESS_WORDS), help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray "
                                      "that every pair shares")
-    b.add_argument("--tracking-uri", help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
-    b.add_argument("--storage", default="runs", help="where the sweeps and the benchmark's records are written")
-    b.add_argument("--progress-every", type=positive_float, default=30.0, metavar="SECONDS",
+    b.add_argument("--tracking-uri", type=TRACKING_URI,
+                   help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
+    b.add_argument("--storage", default="runs", type=nonblank("a folder"), help="where the sweeps and the benchmark's records are written")
+    b.add_argument("--progress-every", type=progress_seconds, default=30.0, metavar="SECONDS",
                    help="seconds between progress lines while no pair ends")
     add_plugin_flags(b)
     b.set_defaults(run=cmd_benchmark)
@@ -355,19 +458,53 @@ def cmd_results(args: argparse.Namespace) -> int:
     from raybench.sweep.report import results_text
     from raybench.tracking import TrackingError, default_tracking_uri, download_plots
 
-    problem = writable_dir_problem(Path(args.plots)) if args.plots else None
+    plots = Path(args.plots) if args.plots is not None else None
+    problem = writable_dir_problem(plots) if plots is not None else None
     if problem:
         raise UsageError(f"--plots: {problem}")
     uri = args.tracking_uri or default_tracking_uri()
     try:
         summary = api.results(args.name, uri)
-        written = download_plots(uri, summary.stored.run_id, Path(args.plots)) if args.plots else []
+        written = copy_plots(lambda staging: download_plots(uri, summary.stored.run_id, staging), plots) \
+            if plots is not None else []
     except TrackingError as err:
         raise UsageError(f"results: {err}") from None
     print(results_text(summary, args.format))
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def copy_plots(download: Callable[[Path], list[Path]], directory: Path) -> list[Path]:
+    """`results --plots DIR`: the sweep's figures, downloaded into a hidden folder inside DIR and only then moved
+    beside what DIR holds, each rename whole. A download that fails (a full disk, a figure whose name DIR holds as
+    a folder) leaves DIR as it was: no partial file, and no DIR when this call made it."""
+    import shutil
+    import tempfile
+
+    from raybench.file_kinds import not_a_file
+
+    made = missing_folders(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".raybench-plots-", dir=directory))
+    try:
+        with full_disk_named(directory, "--plots", "the sweep's figures"):
+            staged = download(staging)
+        targets = [directory / path.name for path in staged]
+        for target in targets:
+            kind = not_a_file(target)
+            if kind is not None:
+                raise UsageError(f"--plots: {str(target)!r} is {kind}; expected a figure raybench may replace "
+                                 f"there, or none")
+        for path, target in zip(staged, targets):
+            path.replace(target)
+        return targets
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_if_empty(made)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def name_list(text: str) -> tuple[str, ...]:
@@ -379,14 +516,12 @@ def name_list(text: str) -> tuple[str, ...]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from raybench import api
-    from raybench.paths import writable_dir_problem
     from raybench.sweep.compare import BaselineError, render
     from raybench.tracking import TrackingError
 
     settings = _stats_settings(args)
-    plot = Path(args.plot) if args.plot else None
-    problem = None if plot is None else (f"expected a file name ending in .png, got {args.plot!r}"
-                                         if plot.suffix.lower() != ".png" else writable_dir_problem(plot.parent))
+    plot = Path(args.plot) if args.plot is not None else None
+    problem = plot_problem(plot) if plot is not None else None
     if problem:
         raise UsageError(f"--plot: {problem}")
     try:
@@ -396,13 +531,45 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"compare: {err}") from None
     except BaselineError as err:
         raise UsageError(f"--baseline: {err}") from None
+    if plot is not None:
+        check_figure_names(comparison, plot)  # before anything is printed or written
     print(render(comparison, args.format))
     if plot is not None:
-        for path in _save_comparison_plots(comparison, plot):
+        with full_disk_named(plot.parent, "--plot", "the comparison figure", missing_folders(plot.parent)):
+            written = _save_comparison_plots(comparison, plot)
+        for path in written:
             print(f"wrote {path}", file=sys.stderr)
         if not comparison.tables:
             print(f"raybench: no figure written to {plot}: no finished sweep matches", file=sys.stderr)
     return 0
+
+
+def plot_problem(plot: Path) -> str | None:
+    """Why `compare --plot` could not write the PNG `plot`, or None: no .png name, a name that is a folder (or a
+    FIFO, a device) already, or a folder raybench cannot make or write."""
+    from raybench.file_kinds import not_a_file
+    from raybench.paths import writable_dir_problem
+
+    expected = f"expected a file name ending in .png, got {str(plot)!r}"
+    if plot.suffix.lower() != ".png":
+        return expected
+    kind = not_a_file(plot)
+    if kind is not None:
+        return f"{expected}, which is {kind}"
+    return writable_dir_problem(plot.parent)
+
+
+def check_figure_names(comparison: Any, plot: Path) -> None:
+    """Each figure `compare --plot` writes (one per dataset: FILE-<dataset>.png for several) may replace what is
+    there: a folder of that name is refused before any figure is drawn."""
+    from raybench.file_kinds import not_a_file
+    from raybench.sweep.plots import comparison_names
+
+    for name in comparison_names(comparison, plot.name):
+        kind = not_a_file(plot.parent / name)
+        if kind is not None:
+            raise UsageError(f"--plot: {str(plot.parent / name)!r} is {kind}; expected a figure raybench may "
+                             f"replace there, or none")
 
 
 def _stats_settings(args: argparse.Namespace) -> Any:
@@ -550,7 +717,7 @@ def add_space_parser(sub: Any) -> None:
     new = space.add_parser("new", help="a starting search space for an algorithm: the paper's protocol, its "
                                        "suggested distributions searched, every other hyperparameter at its default")
     new.add_argument("algorithm", help="a registered algorithm (raybench list algorithms)")
-    new.add_argument("--output", metavar="FILE", help="write the YAML to FILE instead of stdout (refused if it exists)")
+    new.add_argument("--output", metavar="FILE", type=nonblank("a file name"), help="write the YAML to FILE instead of stdout (refused if it exists)")
     new.add_argument("--force", action="store_true", help="overwrite an existing --output FILE")
     for p in (show, draw, new):
         add_plugin_flags(p)
@@ -568,28 +735,47 @@ def _wilds_name(name: str) -> str:
 
 def _root(args: argparse.Namespace) -> Path:
     from raybench.data.wilds.adapter import wilds_root
+    from raybench.file_kinds import not_a_file
 
-    return Path(args.root) if args.root else wilds_root(None)
+    root = Path(args.root) if args.root is not None else wilds_root(None)
+    kind = not_a_file(root) or ("a file" if root.is_file() else None)
+    if kind is not None and kind != "a folder":  # a file, a FIFO or a device given as the root
+        raise UsageError(f"--root: expected the WILDS root folder, got {str(root)!r}, which is {kind}")
+    return root
+
+
+def _checked(name: str, root: Path, verb: str) -> Any:
+    """`raybench data check`'s report of `root`; a data file there that is no regular file (a FIFO, whose
+    opening would wait for ever, a socket, a device, a folder) is one line naming it, never opened."""
+    from raybench.data.wilds.files import check
+    from raybench.file_kinds import NotARegularFile
+
+    try:
+        return check(name, root)
+    except NotARegularFile as err:
+        raise UsageError(f"data {verb} {name}: {err}") from None
 
 
 def cmd_data_check(args: argparse.Namespace) -> int:
-    from raybench.data.wilds.files import check
-
-    report = check(_wilds_name(args.name), _root(args))
+    report = _checked(_wilds_name(args.name), _root(args), "check")
     print("\n".join(report.lines()))
     return 0 if report.loadable else 1
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
-    from raybench.data.wilds.files import check, prepare
+    from raybench.data.wilds.files import prepare
+    from raybench.paths import StorageFull
 
     root = _root(args)
     try:
         prepare(_wilds_name(args.name), root, unlabeled=not args.labeled_only)
     except (OSError, RuntimeError, ValueError) as err:  # no network, disk full, a bad archive
+        code = disk_full_code(err)
+        if code is not None:
+            raise StorageFull(root.absolute(), f"WILDS {args.name}", code, flag="--root") from None
         raise UsageError(f"data prepare {args.name}: {err}; `raybench data check {args.name} --root {root}` "
                          f"shows what is on disk (re-running prepare resumes into the same folder)") from None
-    print("\n".join(check(args.name, root).lines()))
+    print("\n".join(_checked(args.name, root, "prepare").lines()))
     return 0
 
 
@@ -599,11 +785,11 @@ def add_data_parser(sub: Any) -> None:
     root_help = "the WILDS root (default: $RAYBENCH_WILDS_ROOT, else ~/.cache/raybench/wilds)"
     c = data.add_parser("check", help="is a folder a loadable copy? lists exactly which files are missing (exit 1 if any labeled file is)")
     c.add_argument("name")
-    c.add_argument("--root", help=root_help)
+    c.add_argument("--root", type=nonblank("a folder"), help=root_help)
     c.set_defaults(run=cmd_data_check)
     p = data.add_parser("prepare", help="download through the wilds package (needs internet; tens to hundreds of GB)")
     p.add_argument("name")
-    p.add_argument("--root", help=root_help)
+    p.add_argument("--root", type=nonblank("a folder"), help=root_help)
     p.add_argument("--labeled-only", action="store_true", help="skip the unlabeled data")
     p.set_defaults(run=cmd_data_prepare)
 
@@ -616,8 +802,8 @@ def add_sweep_parser(sub: Any) -> None:
     r = sub.add_parser("results", help="read a finished sweep back from MLflow")
     r.add_argument("name")
     r.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    r.add_argument("--tracking-uri")
-    r.add_argument("--plots", metavar="DIR", help="also copy the sweep's figures (PNG) into DIR")
+    r.add_argument("--tracking-uri", type=TRACKING_URI)
+    r.add_argument("--plots", metavar="DIR", type=nonblank("a folder"), help="also copy the sweep's figures (PNG) into DIR")
     r.set_defaults(run=cmd_results)
 
     c = sub.add_parser("compare", help="WILDS Table 2 across finished sweeps: methods x ID/OOD, mean ± std over replicates")
@@ -628,7 +814,7 @@ def add_sweep_parser(sub: Any) -> None:
     c.add_argument("--selection", choices=["ood_val", "id_val", "oracle"],
                    help="only sweeps selected this way (default: all; oracle rows are kept apart and never ranked)")
     c.add_argument("--format", choices=["table", "csv", "json", "markdown", "latex"], default="table")
-    c.add_argument("--plot", metavar="FILE.png", help="also draw the comparison (mean ± std per method) into this PNG")
+    c.add_argument("--plot", metavar="FILE.png", type=nonblank("a file name ending in .png"), help="also draw the comparison (mean ± std per method) into this PNG")
     c.add_argument("--stats", action="store_true",
                    help="replace the within-one-std marks by statistics: each cell's 95%% interval of the mean, each "
                         "row's difference from the baseline row with its interval, p-value and verdict (better, "
@@ -644,7 +830,7 @@ def add_sweep_parser(sub: Any) -> None:
     c.add_argument("--test", choices=["welch", "permutation"],
                    help="--stats: the test against the baseline: Welch's t with its interval (default) or a "
                         "permutation test with a bootstrap interval (it cannot reach p < 0.05 with 3 vs 3 replicates)")
-    c.add_argument("--tracking-uri")
+    c.add_argument("--tracking-uri", type=TRACKING_URI)
     c.set_defaults(run=cmd_compare)
 
 
@@ -694,7 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a trainer setting (lr, batch_size, unlabeled_ratio, ...) or an algorithm hyperparameter")
     p_train.add_argument("--epochs", type=positive_int)
     p_train.add_argument("--seed", type=seed_int, default=0)
-    p_train.add_argument("--output", help="directory for the checkpoint (state.pt, best_model.pt) and result.json")
+    p_train.add_argument("--output", type=nonblank("a folder"), help="directory for the checkpoint (state.pt, best_model.pt) and result.json")
     add_plugin_flags(p_train)
     p_train.set_defaults(run=cmd_train)
     add_probe_parsers(sub)
@@ -725,7 +911,20 @@ def _run_subcommand(argv: list[str]) -> int:
     args.argv = argv  # the words after `raybench`, as typed: a sweep or benchmark repeats them in its resume line
     load_plugins_or_refuse(getattr(args, "plugin", ()))  # installed plug-ins' entry points, whatever the command
     run: Callable[[argparse.Namespace], int] = args.run
-    return run(args)
+    return ended_by_a_full_disk(lambda: run(args))
+
+
+def ended_by_a_full_disk(body: Callable[[], int]) -> int:
+    """A command whose disk filled up (StorageFull, naming the flag and its folder) ends in one line with exit
+    74, sysexits' EX_IOERR, as a sweep does: the input was good, a write was not, and whatever it wrote is whole."""
+    from raybench.exits import one_short_line
+    from raybench.paths import StorageFull
+
+    try:
+        return body()
+    except StorageFull as err:
+        print(f"raybench: {one_short_line(str(err))}; free space and run it again", file=sys.stderr)
+        return 74
 
 
 if __name__ == "__main__":

@@ -7,15 +7,19 @@ a benchmark starts for each pair; the library must not import the CLI to get the
 """
 from __future__ import annotations
 
+import _thread
 import argparse
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 # The longest error line a command prints: whatever a hostile file or flag held, the error stays one readable line.
 MAX_ERROR_CHARS = 1_000
+# How long after a dropped KeyboardInterrupt its signal is sent again (Signals._on_unraisable).
+REDELIVERY_DELAY_S = 0.01
 
 
 class UsageError(Exception):
@@ -44,23 +48,46 @@ def one_short_line(message: str) -> str:
 class Signals:
     """SIGTERM is handled like Ctrl-C, so a stopped sweep marks its runs KILLED and says how to resume; the
     exit status then names the signal that stopped it (130 for SIGINT, 143 for SIGTERM). ray.init replaces
-    this handler; ray_backend.connect puts it back (tests/test_signals.py sends the SIGTERM)."""
+    this handler; ray_backend.connect puts it back (tests/test_signals.py sends the SIGTERM).
+
+    A stop must survive wherever its signal lands. Python runs a signal's handler between any two bytecodes of
+    the main thread, also inside a weakref callback or a `__del__`, where an exception cannot propagate: the
+    KeyboardInterrupt the handler raises there is printed as "Exception ignored" and dropped. While these
+    handlers are in place, such a dropped KeyboardInterrupt is caught by `sys.unraisablehook` and its signal
+    delivered again (`_thread.interrupt_main`), until the handler runs at a point where raising works, and the
+    stop happens there."""
 
     def __init__(self) -> None:
         self.received = signal.SIGINT
+        self._stopping = False  # a SIGTERM's stop is under way: a second one (`ray job stop` and a benchmark) is let be
 
     def __enter__(self) -> Signals:
         self.previous = signal.signal(signal.SIGTERM, self._on_term)
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._on_unraisable
         return self
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGTERM, self.previous)
+        sys.unraisablehook = self._previous_hook
 
     def _on_term(self, signum: int, frame: Any) -> None:
-        if self.received == signal.SIGTERM:  # `ray job stop` and a benchmark may both send one: stop once
+        if self._stopping:
             return
         self.received = signal.SIGTERM
+        self._stopping = True
         stop_as_on_ctrl_c(frame)
+
+    def _on_unraisable(self, unraisable: Any) -> None:
+        """A KeyboardInterrupt dropped where it was raised: raise it again at the next safe point."""
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            self._previous_hook(unraisable)
+            return
+        if self.received == signal.SIGTERM:
+            self._stopping = False
+        # Delivered from another thread a moment later, once this cleanup has returned: delivered here, the handler
+        # would raise inside this hook and be dropped again. One dropped again comes back here, and is re-sent.
+        threading.Timer(REDELIVERY_DELAY_S, _thread.interrupt_main, args=(self.received,)).start()
 
     @property
     def exit_status(self) -> int:

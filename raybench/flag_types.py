@@ -39,8 +39,49 @@ def bounded(kind: type, minimum: float, maximum: float, strict: bool = False) ->
 positive_int = bounded(int, 1, MAX_COUNT)  # trials, epochs, workers, grace periods
 non_negative_int = bounded(int, 0, MAX_COUNT)  # replicates
 seed_int = bounded(int, 0, MAX_SEED)  # as the trainer's `seed`: numpy's seeds are 32-bit
-non_negative_float = bounded(float, 0, MAX_MAGNITUDE)  # GPUs per worker
-positive_float = bounded(float, 0, MAX_MAGNITUDE, strict=True)  # CPUs, resource amounts, factors, seconds
+non_negative_float = bounded(float, 0, MAX_MAGNITUDE)
+positive_float = bounded(float, 0, MAX_MAGNITUDE, strict=True)  # factors, seconds
+
+# The smallest amount of a Ray resource Ray itself can tell from none (ray._raylet.RESOURCE_UNIT_SCALING is
+# 10,000): below it a request counts as zero, which Ray refuses only once it has started.
+RAY_RESOURCE_STEP = 0.0001
+# The smallest share of a CPU or GPU a trial worker may ask for: a hundred workers on one core or one GPU. Below
+# it (0.00001 CPUs) Ray packs thousands of training workers onto a core and the machine stalls.
+MIN_DEVICE_SHARE = 0.01
+cpu_amount = bounded(float, MIN_DEVICE_SHARE, MAX_MAGNITUDE)  # --cpus-per-worker
+resource_amount = bounded(float, RAY_RESOURCE_STEP, MAX_MAGNITUDE)  # a custom resource's NAME=AMOUNT
+# --progress-every: a line at most once a second; 0.001 printed 25,000 lines in 41 s.
+progress_seconds = bounded(float, 1, MAX_MAGNITUDE)
+
+
+def gpu_amount(text: str) -> float:
+    """An argparse type for --gpus-per-worker: 0 (no GPU), a share of one GPU in [0.01, 1], or a whole number of
+    GPUs. Ray places a fraction only below one GPU (1.5 GPUs is no request it can satisfy), and a share under a
+    hundredth would pack a hundred training workers onto one GPU."""
+    expected = (f"expected 0 (no GPU), a share of one GPU in [{MIN_DEVICE_SHARE:g}, 1] or a whole number of GPUs "
+                f"up to {number_text(MAX_MAGNITUDE)}")
+    try:
+        value = non_negative_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
+    if value == 0 or MIN_DEVICE_SHARE <= value <= 1 or value.is_integer():
+        return value
+    raise argparse.ArgumentTypeError(f"{expected}, got {value:g}")
+
+
+def nonblank(what: str) -> Callable[[str], str]:
+    """An argparse type for a flag that names a file, folder, URI or run: the word as given, refused when empty
+    or only blanks. `Path("")` is the working folder, which the user did not name, and an empty word given to a
+    flag with a default silently meant the default (`--output ''` wrote nothing, `--root ''` read the default
+    root, `--address ''` started a private Ray)."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return text
+
+    return parse
+
 
 # Resources Ray or raybench already asks for by their own flags or for the trial drivers.
 RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "trial_driver")
@@ -56,7 +97,7 @@ def resource_request(text: str) -> tuple[str, float]:
     if name in RESERVED_RESOURCES:
         raise argparse.ArgumentTypeError(f"{name} is not a custom resource (use --cpus-per-worker/--gpus-per-worker); "
                                          f"got {text!r}")
-    return name, positive_float(amount.strip())
+    return name, resource_amount(amount.strip())
 
 
 def assignment(text: str) -> tuple[str, str]:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 import uuid
@@ -22,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from raybench.file_kinds import kind_words
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 NAME_RULE = "1-128 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit"
@@ -46,12 +49,59 @@ def inside(root: Path, child: Path) -> bool:
     return child == root or root in child.parents
 
 
+# Linux's limits (NAME_MAX, PATH_MAX); a file system may allow fewer, which its own error then names.
+MAX_NAME_BYTES, MAX_PATH_BYTES = 255, 4095
+
+
+def path_problem(path: Path) -> str | None:
+    """Why the OS would refuse `path` itself, before any folder of it is probed, or None: empty, a name over
+    255 bytes, a path over 4,095, a NUL byte, a loop of symbolic links. Python's own checks raise these as
+    a RuntimeError (`Symlink loop`) or an OSError from the first call that touches the path."""
+    text = os.fspath(path)
+    if not text.strip():
+        return "expected a path, got an empty one"
+    if "\0" in text:
+        return f"expected a path, got one holding a NUL byte: {text!r}"
+    absolute = os.path.abspath(os.path.expanduser(text))
+    if len(os.fsencode(absolute)) > MAX_PATH_BYTES:
+        return f"the path is {len(os.fsencode(absolute)):,} bytes long; the OS takes at most {MAX_PATH_BYTES:,}"
+    long_name = next((part for part in Path(absolute).parts if len(os.fsencode(part)) > MAX_NAME_BYTES), None)
+    if long_name is not None:
+        return (f"the name {long_name[:40]!r}... is {len(os.fsencode(long_name))} bytes long; a file or folder "
+                f"name takes at most {MAX_NAME_BYTES}")
+    try:
+        Path(absolute).resolve()
+    except RuntimeError:  # Python 3.11's pathlib: a loop of symbolic links
+        return f"{text!r} runs into a loop of symbolic links"
+    except OSError as err:
+        return f"{text!r} cannot be resolved ({err.strerror or err})"
+    if _symlink_loop(Path(absolute)):
+        return f"{text!r} runs into a loop of symbolic links"
+    return None
+
+
+def _symlink_loop(path: Path) -> bool:
+    """Whether some prefix of `path` is a link that never ends (ELOOP), which resolve() may let through."""
+    for prefix in [*reversed(path.parents), path]:
+        try:
+            os.stat(prefix)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return True
+            if err.errno in (errno.ENOENT, errno.ENOTDIR):
+                return False
+    return False
+
+
 def writable_dir_problem(path: Path) -> str | None:
     """Why raybench could not create and write into the folder `path`, or None if it could.
 
     Probes the folder itself if it exists, else its nearest existing ancestor (where it would be created),
     by creating and removing a temporary folder: permission bits say nothing when running as root, while a
     read-only mount or /proc refuses the probe. Nothing is left behind either way."""
+    problem = path_problem(path)
+    if problem is not None:
+        return problem
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         return f"expected a directory, got the file {str(path)!r}"
@@ -74,6 +124,8 @@ def file_lock_problem(path: Path) -> str | None:
     a second driver of the same sweep is refused. A local disk and NFSv4 (where Linux maps flock onto NFS
     byte-range locks) honour it; some FUSE and object-store mounts refuse it, and trials would then train one
     stage twice."""
+    if path_problem(path) is not None:
+        return None  # writable_dir_problem names this case
     path = Path(path).expanduser()
     existing = path if path.is_dir() else next((p for p in path.absolute().parents if p.is_dir()), None)
     if existing is None:
@@ -277,12 +329,65 @@ BUSY_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 UNNAMED_HOLDER_WAIT_S = 1.0
 
 
+class UnsafeLockFile(Exception):
+    """A lock file (or its folder) that raybench did not make: a symbolic link, a FIFO, a device, a folder. A
+    lock is opened for writing, so following a link would truncate whatever it points to, and opening a FIFO
+    blocks until someone writes to it: such a file is refused, never opened for reading or writing."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(f"the lock file {str(path)!r} is {what}, not a file raybench wrote; remove it if no "
+                         f"raybench is running")
+        self.path, self.what = path, what
+
+
+def _kind_of(mode: int) -> str:
+    """An lstat's mode in words: a link is named as one, everything else as file_kinds names it."""
+    return "a symbolic link" if stat.S_ISLNK(mode) else kind_words(mode)
+
+
+def open_lock_file(path: Path, create: bool) -> int | None:
+    """A descriptor on the regular file `path`, opened read-write (created with its folder when `create`),
+    or None when it does not exist and `create` is false. Neither the file nor its folder may be a link
+    (O_NOFOLLOW, and the folder opened with O_NOFOLLOW | O_DIRECTORY), and O_NONBLOCK makes the open of a FIFO
+    return at once, so that its kind can be checked (fstat) before anything reads or writes it."""
+    folder = path.parent
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeLockFile(folder, _kind_of(os.lstat(folder).st_mode)) from None
+        raise
+    try:
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(path.name, flags, 0o644, dir_fd=folder_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ETXTBSY):
+                raise UnsafeLockFile(path, _kind_of(os.lstat(path.name, dir_fd=folder_fd).st_mode)) from None
+            raise
+    finally:
+        os.close(folder_fd)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnsafeLockFile(path, _kind_of(mode))
+    os.set_blocking(fd, True)
+    return fd
+
+
 def take_lock(path: Path) -> HeldLock:
     """Take the exclusive lock `path` (created with its folder if missing) without waiting for a holder, and
-    write this process into it; raises LockBusy naming the holder when a live process has it. A lock file left
-    by a process that died is simply taken: its flock died with it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    write this process into it; raises LockBusy naming the holder when a live process has it, UnsafeLockFile
+    when the path is not a regular file. A lock file left by a process that died is simply taken: its flock
+    died with it."""
+    fd = open_lock_file(path, create=True)
+    assert fd is not None  # created when missing
     deadline = time.monotonic() + UNNAMED_HOLDER_WAIT_S
     while True:
         try:
@@ -297,20 +402,29 @@ def take_lock(path: Path) -> HeldLock:
             if err.errno in BUSY_ERRNOS:
                 raise LockBusy(path, holder) from None
             raise
-    previous = LockHolder.parse(_read_all(fd))
-    holder = LockHolder.this_process()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(asdict(holder)).encode(), 0)
-    os.fsync(fd)
+    try:
+        previous = LockHolder.parse(_read_all(fd))
+        holder = LockHolder.this_process()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(asdict(holder)).encode(), 0)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)  # the flock goes with it: a full disk leaves the lock free, not held by a half-written name
+        raise
     return HeldLock(path, fd, holder, previous)
 
 
 def lock_busy(path: Path) -> LockBusy | None:
     """LockBusy naming the holder when a live process holds the lock `path`, else None. Creates and writes
-    nothing: a shared lock is tried and dropped at once (take_lock tolerates such a probe, see above)."""
+    nothing: a shared lock is tried and dropped at once (take_lock tolerates such a probe, see above). A path
+    that is not a regular file raises UnsafeLockFile, as take_lock would."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_lock_file(path, create=False)
+    except UnsafeLockFile:
+        raise
     except OSError:
+        return None  # unreadable: take_lock names the problem
+    if fd is None:
         return None  # no lock file: nobody ever held it
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

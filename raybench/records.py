@@ -14,7 +14,10 @@ The ground floor: the standard library and raybench.report_keys only, so every l
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, ClassVar, TypeVar
@@ -24,6 +27,92 @@ from raybench.report_keys import SCHEMA_VERSION, SUMMARY_SCHEMA
 
 class RecordError(ValueError):
     """A stored record that is not shaped like one; the message names the key and what was expected."""
+
+
+# ----- a record's text, read without trusting it --------------------------------------------------------------
+# The deepest nesting of lists and mappings a record may have. Every record raybench writes stays under 10
+# levels; json.loads recurses once per level, so a file nested 100,000 deep would end it in a RecursionError.
+MAX_RECORD_DEPTH = 64
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
+
+
+def nesting_depth(text: str, stop_after: int = MAX_RECORD_DEPTH) -> int:
+    """The deepest nesting of `[` and `{` in JSON text, outside its strings; a loop, not a recursion, which
+    stops once past `stop_after` (so a hostile file costs no more than a sound one)."""
+    depth = deepest = 0
+    for match in _STRING_OR_BRACKET.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > stop_after:
+                break
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads_record(text: str, max_depth: int = MAX_RECORD_DEPTH) -> Any:
+    """A record's JSON text as Python values; a RecordError when it is nested deeper than `max_depth` (judged
+    before parsing) or is not JSON."""
+    if nesting_depth(text, max_depth) > max_depth:
+        raise RecordError(f"nested deeper than {max_depth} levels, as no record raybench writes is")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise RecordError(f"not JSON ({err})") from None
+
+
+def measurements_in(data: Any) -> Iterator[float]:
+    """Every fractional number in parsed JSON (what was measured: metrics, times, means; counts, seeds and ids
+    are whole numbers), walked with a stack rather than a recursion."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float):
+            yield item
+
+
+def summary_numbers_problem(data: Mapping[str, Any]) -> str | None:
+    """Why a summary's numbers cannot be a sweep's results, or None. A replicate cell is the mean of finite
+    values (results.summarize leaves NaN out), so its mean is finite, its std finite or NaN (one value), its count
+    at least 1; a selected trial was selected on a finite value; and a summary whose measurements are all NaN or
+    infinite holds no result at all (the sweep's wall time alone is finite)."""
+    replicates = data.get("replicates")
+    cells = replicates.get("summary") if isinstance(replicates, dict) else None
+    for key, cell in (cells or {}).items() if isinstance(cells, dict) else ():
+        problem = _cell_problem(cell)
+        if problem:
+            return f"'replicates.summary.{key}' {problem}"
+    selected = data.get("selected")
+    value = selected.get("selection_value") if isinstance(selected, dict) else None
+    if _is_number(value) and not math.isfinite(value):
+        return f"'selected.selection_value' is {value}, but a trial is selected on a finite value"
+    measured = list(measurements_in(data))
+    if measured and not any(math.isfinite(number) for number in measured):
+        return "its numbers are all NaN or infinite"
+    return None
+
+
+def _cell_problem(cell: Any) -> str | None:
+    if not isinstance(cell, dict):
+        return "is not a mapping of mean, std and n"
+    mean, std, n = cell.get("mean"), cell.get("std"), cell.get("n")
+    if not _is_number(mean) or not math.isfinite(mean):
+        return f"has the mean {mean!r}, expected a finite number"
+    if std is not None and (not _is_number(std) or math.isinf(std)):
+        return f"has the std {std!r}, expected a finite number or NaN"
+    if not _is_number(n) or not math.isfinite(n) or n < 1 or n != int(n):
+        return f"has the count n {n!r}, expected a whole number >= 1"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class Words(str, Enum):

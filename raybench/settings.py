@@ -214,6 +214,39 @@ class FieldType:
     def text(self) -> str:
         return f"{self.kind} or none" if self.optional else self.kind
 
+    @property
+    def continuous(self) -> bool:
+        """Whether a search may draw real numbers for it (uniform, log-uniform): a float setting only. A drawn
+        37.4 for an integer (a batch size) fails every trial; for a bool or text setting it means nothing."""
+        return self.kind == "float"
+
+    def written_expectation(self, value: Any) -> str | None:
+        """What a file should have written instead of `value` ("an integer", "a number or null"), or None when it
+        is of this type. A search-space file's value must already be of its setting's type (the command line's
+        text is coerced; a file has types of its own): a 64.0 for a batch size, a 1 for a switch, a 5 for a model
+        name, or `1e-3` for an lr (YAML 1.1 reads it as text) is a mistake that would reach the trials, their
+        identities and the results as another type."""
+        if value is None and self.optional:
+            return None
+        if isinstance(value, WRITTEN_TYPES[self.kind]) and (self.kind == "bool" or not isinstance(value, bool)):
+            return None
+        return f"{WRITTEN_WORDS[self.kind]}{' or null' if self.optional else ''}"
+
+    def written_hint(self, value: Any) -> str:
+        """The likely slip behind a value of another type, in words ("" when none is likely)."""
+        if self.kind == "float" and isinstance(value, str) and _as_number(value) is not None:
+            if re.fullmatch(r"[+-]?\d+[eE][+-]?\d+", value.strip()):
+                return "YAML 1.1 reads 1e-3 as text: write 1.0e-3"
+            return "a number is written without quotes"
+        if self.kind == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return "quote a number meant as text: '1'"
+        return ""
+
+
+# What a YAML value of each kind of setting is: an int is a number a float setting takes, never the reverse.
+WRITTEN_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
+WRITTEN_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "text"}
+
 
 TYPE_RANGES = {"bool": "true/false", "int": "an integer", "float": "any finite number", "str": "text"}
 

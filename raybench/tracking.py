@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
 import queue
+import re
 import socket
 import subprocess
 import tempfile
@@ -23,11 +25,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # `raybench results` prints one table, no bars
@@ -38,15 +40,20 @@ from mlflow.tracking import MlflowClient
 # A new SQLite store logs its schema creation and migrations at INFO on every first use: not the user's news.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 logging.getLogger("alembic").setLevel(logging.WARNING)
+# A Databricks URI without credentials logs its SDK's failure, then fails again in the error raybench prints.
+logging.getLogger("mlflow.utils.databricks_utils").setLevel(logging.ERROR)
 
 import raybench
-from raybench.paths import writable_dir_problem
-from raybench.records import RecordError, StoredRun, SweepSummary
+from raybench.paths import StorageFull, disk_full_error, writable_dir_problem
+from raybench.records import RecordError, StoredRun, SweepSummary, loads_record, summary_numbers_problem
 from raybench.records import SweepState as State  # this module's SweepState is where a sweep stands, in words
 from raybench.report_keys import SCHEMA_VERSION, STAGE_WEIGHTS_FACT, SUMMARY_SCHEMA
+from raybench.sweep.errors import SweepExists
 
 if TYPE_CHECKING:
     from raybench.newt_suite import SuiteResult, TaskResult
+
+T = TypeVar("T")
 
 EXPERIMENT = "raybench"
 PARENT_TAG = "mlflow.parentRunId"
@@ -60,6 +67,7 @@ SWEEP_STATE_OF_STATUS = {"RUNNING": State.RUNNING, "FINISHED": State.FINISHED, "
                          "FAILED": State.FAILED}
 DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the sweep, to tell a dead one
 RESUME_TAG = "raybench.resume_command"
+STORAGE_TAG = "raybench.storage"  # the --storage folder (resolved) whose driver owns the sweep's name
 LOCK_TAG = "raybench.lock"  # the sweep lock on --storage its driver holds, and who (host, pid) took it
 BLIND_TAG = "raybench.selection_blind"
 # MLflow 3's UI opens an experiment of this kind on its runs table (nested trials under the sweep), where an
@@ -69,71 +77,261 @@ MODEL_TRAINING_KIND = "custom_model_development"
 DESCRIPTION_TAG = "mlflow.note.content"  # the run page's Description panel (Markdown)
 DESCRIPTION_LIMIT = 8000  # MLflow's longest run tag value (MAX_TAG_VAL_LENGTH)
 MAX_PARAM_LENGTH = 6000
-# Tracking-store schemes MLflow ships (a "+driver" suffix is allowed: postgresql+psycopg2://...).
-SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+# Tracking-store schemes MLflow ships (a "+driver" suffix is allowed on a database: postgresql+psycopg2://...).
+SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "file")
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # opened by MLflow's SQL store through SQLAlchemy
+SERVER_SCHEMES = ("http", "https")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_AFTER_SCHEME = re.compile(r"[A-Za-z0-9+.-]*:/*")  # also a scheme MLflow has not (a URI it refuses)
+# A driver's Python module as pip names its package, for the line that says it is missing.
+DRIVER_PACKAGES = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
+                   "pymysql": "pymysql", "pyodbc": "pyodbc", "pymssql": "pymssql"}
+# The MLflow REST call a server must answer as MLflow does, with JSON, before raybench trusts it with a sweep.
+API_PROBE = f"/api/2.0/mlflow/experiments/get-by-name?experiment_name={EXPERIMENT}"
 
 
 class TrackingError(RuntimeError):
     """MLflow is unreachable or a sweep is not where it should be; the message says which and why."""
 
 
+class SweepClaimed(SweepExists):
+    """Another driver holds sweep NAME in the tracking store: it started it from another --storage, or it created
+    the sweep's parent run at the same moment as this driver (the earlier run keeps the name)."""
+
+
 def default_tracking_uri() -> str:
-    """A local SQLite store in the working directory (`./mlflow.db`), unless MLFLOW_TRACKING_URI is set."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
+    """A local SQLite store in the working directory (`./mlflow.db`), unless MLFLOW_TRACKING_URI is set. A folder
+    whose name holds `%`, `?` or `#` is percent-encoded, as SQLAlchemy decodes the path and ends it at a `?`."""
+    path = str(Path("mlflow.db").resolve())
+    encoded = urllib.parse.quote(path) if re.search("[%?#]", path) else path
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{encoded}"
+
+
+def _split_authority(uri: str) -> tuple[str, str, str] | None:
+    """(`scheme:` with its slashes, the user:password@, the rest) of `uri`, read as text rather than by urllib,
+    which refuses a malformed host (`http://[::1/`) that must still be shown without its password. Cut
+    conservatively, to the furthest `@` that can end one: a password may hold a raw `@`, and SQLAlchemy reads
+    `/`, `?` and `#` in one (postgresql://u:p/w@host/db). Only an `@` after a `/` and no `:` is a path's
+    (sqlite:///tmp/a@b.db, http://host/page@2), so a URI is at worst shown with less than it holds, never with
+    its password. None when it holds no user:password@."""
+    found = _AFTER_SCHEME.match(uri)
+    if found is None or "@" not in uri[found.end():]:
+        return None
+    head, rest = uri[: found.end()], uri[found.end():]
+    for at in reversed([i for i, c in enumerate(rest) if c == "@"]):  # the furthest `@` that ends a userinfo
+        if ":" in rest[:at] or "/" not in rest[:at]:
+            return head, rest[: at + 1], rest[at + 1:]
+    return None
 
 
 def redact_uri(uri: str | None) -> str | None:
-    """`uri` with any user:password replaced by ***, for everything that is shown or logged."""
-    if not uri or "@" not in uri:
+    """`uri` with any user:password replaced by ***, for everything that is shown or logged; never raises, so a
+    malformed URI is shown (redacted) in the line that refuses it."""
+    if not uri or not isinstance(uri, str):
         return uri
-    parts = urllib.parse.urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
+    split = _split_authority(uri)
+    return uri if split is None else f"{split[0]}***@{split[2]}"
 
 
 def without_credentials(uri: str) -> str:
     """`uri` with its user:password removed; MLflow then reads them from MLFLOW_TRACKING_USERNAME/PASSWORD,
     so they never travel in a URI that Tune pickles into its experiment state or a log line prints."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.username is None and parts.password is None:
+            return uri
+    except ValueError:  # a malformed host: cut as redact_uri does
+        split = _split_authority(uri)
+        return uri if split is None else split[0] + split[2]
     return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def credentials_to_environment(uri: str) -> str:
     """Move an http(s) URI's user:password into MLflow's own environment variables; returns the bare URI."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.scheme in ("http", "https") and parts.username is not None:
-        os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username)
-        os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password or "")
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        username, password = parts.username, parts.password
+    except ValueError:  # check_uri refuses it before any client is made; nothing to move
+        return uri
+    if parts.scheme in SERVER_SCHEMES and username is not None:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(username)
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(password or "")
         return without_credentials(uri)
     return uri
+
+
+def without_secrets(text: str, uri: str) -> str:
+    """`text` with the credentials of `uri` taken out, wherever they stand: the URI itself, or a path read from it
+    (sqlite:///u:pw@host names the file `u:pw@host`) that a message shows."""
+    split = _split_authority(uri)
+    secrets = {uri: redact_uri(uri) or ""}
+    if split is not None:
+        userinfo = split[1][:-1]
+        password = userinfo.partition(":")[2]
+        as_urllib = re.split(r"[/?#@]", password, maxsplit=1)[0]  # the password, or port, urllib reads there
+        for secret in (userinfo, urllib.parse.unquote(userinfo), password, urllib.parse.unquote(password), as_urllib):
+            if len(secret) >= 4 or secret == userinfo:  # a shorter password is only taken out within its userinfo
+                secrets.setdefault(secret, "***")
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, secrets[secret])
+    return text
+
+
+def _scrubbed(text: str, uri: str) -> str:
+    """An error's text on one line, short, without the URI's credentials (a driver's or MLflow's message may
+    repeat the URI it was given, or its user:password)."""
+    line = " ".join(without_secrets(text, uri).split())
+    return line if len(line) <= 300 else line[:300] + "..."
+
+
+def uri_problem(uri: str) -> str | None:
+    """Why MLflow cannot open the tracking URI `uri`, judged from its text and what is installed here, before
+    any connection: a scheme MLflow has no store for, one in capitals (SQLAlchemy and MLflow's REST store read
+    only lower case), a malformed host or port, a SQLite URI naming a host, a database driver that is not
+    installed, a file store this MLflow refuses. None when it is worth opening."""
+    if not isinstance(uri, str) or not uri.strip():
+        return "expected a tracking URI, got nothing"
+    if not uri.isprintable():
+        return "expected a URI without control characters (line breaks, tabs)"
+    found = _SCHEME.match(uri)
+    scheme = found.group(1) if found else ""
+    base, plus, driver = scheme.lower().partition("+")
+    if base not in SCHEMES:
+        return _no_scheme_problem(uri, scheme)
+    if not uri[len(scheme) + 1:].startswith("//"):
+        return f"expected {scheme.lower()}:// (two slashes after the scheme)"
+    if scheme != scheme.lower():
+        return f"expected the scheme in lower case ({scheme.lower()}://...), as MLflow reads it"
+    if plus and base not in DATABASE_SCHEMES:
+        return f"a driver (+{driver}) goes only with a database scheme ({', '.join(DATABASE_SCHEMES)})"
+    if base in DATABASE_SCHEMES:
+        return _database_problem(uri, base)
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        port = parts.port
+    except ValueError as err:  # a malformed IPv6 host ("[::1", "[zz]"), a port that is no number or out of range
+        return f"not a valid URI ({err})"
+    if base in SERVER_SCHEMES:
+        return _server_problem(parts, port)
+    if base == "file":
+        return _file_store_problem(parts)
+    return None
+
+
+def _no_scheme_problem(uri: str, scheme: str) -> str:
+    expected = f"expected a URI with one of the schemes {', '.join(SCHEMES)}"
+    if scheme or not (uri.startswith(("/", ".", "~")) or "/" in uri or Path(uri).exists()):
+        return expected
+    try:  # a plain path: a folder (where a file store would be) or a database file
+        path = Path(uri).expanduser().resolve()
+        store = path / "mlflow.db" if path.is_dir() or not path.suffix else path
+    except (OSError, RuntimeError, ValueError):  # ~nosuchuser, a loop of links
+        return f"{expected} (a path is no tracking URI)"
+    return f"{expected} (a path is no tracking URI; for a SQLite store there: sqlite:///{store})"
+
+
+def _server_problem(parts: urllib.parse.SplitResult, port: int | None) -> str | None:
+    if not parts.hostname:
+        return "expected a server host (http://HOST:PORT)"
+    if any(c.isspace() for c in parts.netloc):
+        return "expected a server host without spaces"
+    if port is not None and not 1 <= port <= 65535:
+        return f"expected a port from 1 to 65535 (not {port})"
+    return None
+
+
+def _file_store_problem(parts: urllib.parse.SplitResult) -> str | None:
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+
+    try:
+        allowed = MLFLOW_ALLOW_FILE_STORE.get()
+    except ValueError:
+        return f"$MLFLOW_ALLOW_FILE_STORE: expected true or false, got {os.environ.get('MLFLOW_ALLOW_FILE_STORE')!r}"
+    if not allowed:
+        import mlflow
+
+        return (f"MLflow {mlflow.__version__} opens a file store only with MLFLOW_ALLOW_FILE_STORE=true; use a "
+                f"database, for example sqlite:///mlflow.db (`mlflow migrate-filestore` copies a file store into one)")
+    if parts.netloc not in ("", "localhost"):
+        return f"expected a local folder (file:///PATH), not one on the host {parts.netloc!r}"
+    return None
+
+
+def _database_problem(uri: str, base: str) -> str | None:
+    """What SQLAlchemy, which MLflow's SQL store opens the URI with, makes of it: a URL it can parse, a dialect
+    it has, and the dialect's driver module importable here (MLflow would fail on its import, in a traceback)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(uri)
+    except (ArgumentError, ValueError) as err:  # also a port that is no number
+        return f"not a database URL SQLAlchemy can read ({_scrubbed(str(err), uri)})"
+    if base == "sqlite" and (url.host or url.port or url.username or url.password):
+        return ("a SQLite URI names a file, not a host: sqlite:///RELATIVE/PATH.db or sqlite:////ABSOLUTE/PATH.db "
+                "(three slashes before a relative path, four before an absolute one)")
+    try:
+        dialect = url.get_dialect()
+    except NoSuchModuleError:
+        return f"SQLAlchemy has no database driver {url.drivername!r}"
+    try:
+        dialect.import_dbapi()
+    except ImportError as err:
+        module = getattr(err, "name", None) or str(err)
+        package = DRIVER_PACKAGES.get(module, module)
+        return (f"its database driver ({url.drivername} needs the Python module {module!r}) is not installed; "
+                f"install it (pip install {package}) or pass another --tracking-uri")
+    return None
+
+
+def uri_scheme(uri: str) -> str:
+    """The store kind a URI names, its scheme without a +driver (`postgresql` of postgresql+psycopg2://...), in
+    lower case; "" for none."""
+    found = _SCHEME.match(uri or "")
+    return found.group(1).partition("+")[0].lower() if found else ""
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file a SQLite tracking URI opens, as SQLAlchemy reads it (percent-decoded, up to a `?`);
+    None for another scheme, an in-memory database, or a URI SQLAlchemy cannot read."""
+    if uri_scheme(uri) != "sqlite":
+        return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        database = make_url(uri).database
+    except (ArgumentError, ValueError):
+        return None
+    return None if database in (None, "", ":memory:") else Path(database)
+
+
+def refuse_bad_uri(uri: str) -> None:
+    """A TrackingError for a URI no store can be opened with (uri_problem), the URI shown without credentials."""
+    problem = uri_problem(uri)
+    if problem:
+        raise TrackingError(without_secrets(f"{problem}, got {redact_uri(uri)!r}", uri))
 
 
 def check_uri(uri: str) -> None:
     """A tracking URI MLflow can open and, for SQLite, a database file raybench can create: checked before
     anything is written, so a typo is one line instead of a traceback after Ray has started."""
-    scheme = urllib.parse.urlsplit(uri).scheme.split("+")[0]
-    if scheme not in SCHEMES:
-        raise TrackingError(f"expected a URI with one of the schemes {', '.join(SCHEMES)}, got {redact_uri(uri)!r}")
-    if scheme == "sqlite":
-        path = Path(uri.removeprefix("sqlite:///"))
-        if uri.startswith("sqlite:///") and str(path) not in ("", ":memory:"):
-            problem = None if path.is_file() else writable_dir_problem(path.parent)
-            if path.exists() and not path.is_file():
-                problem = f"{str(path)!r} is not a file"
-            if problem is None and path.is_file():  # a damaged store: one line now, not SQLAlchemy's traceback later
-                problem = sqlite_damage(path)
-            if problem:
-                raise TrackingError(f"cannot use the SQLite database {str(path)!r}: {problem}")
+    refuse_bad_uri(uri)
+    path = sqlite_path(uri)
+    if path is not None:
+        problem = None if path.is_file() else writable_dir_problem(path.parent)
+        if path.exists() and not path.is_file():
+            problem = f"{str(path)!r} is not a file"
+        if problem is None and path.is_file():  # a damaged store: one line now, not SQLAlchemy's traceback later
+            problem = sqlite_damage(path)
+        if problem:
+            raise TrackingError(without_secrets(f"cannot use the SQLite database {str(path)!r}: {problem}", uri))
 
 
-def _health_request(uri: str) -> urllib.request.Request:
-    """GET <server>/health, with user:password from the URI sent as HTTP basic auth (urllib ignores it)."""
+def _server_request(uri: str, path: str) -> urllib.request.Request:
+    """GET <server><path>, with user:password from the URI sent as HTTP basic auth (urllib ignores it)."""
     parts = urllib.parse.urlsplit(uri)
-    request = urllib.request.Request(without_credentials(uri).rstrip("/") + "/health")
+    request = urllib.request.Request(without_credentials(uri).rstrip("/") + path)
     if parts.username is not None:
         pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
         request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
@@ -141,29 +339,114 @@ def _health_request(uri: str) -> urllib.request.Request:
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, before any training, when an HTTP tracking server does not answer its health check."""
+    """Fail fast, before any training, when an HTTP tracking server does not answer its health check, or answers
+    it but is no MLflow server (its API answers something other than MLflow's JSON)."""
     check_uri(uri)
-    if not uri.startswith(("http://", "https://")):
+    if uri_scheme(uri) not in SERVER_SCHEMES:
         return
     shown = redact_uri(uri)
+    status, _, _ = _get(uri, "/health", timeout_s)
+    if status != 200:
+        raise TrackingError(f"MLflow server at {shown} answered /health with HTTP {status}")
+    problem = _api_problem(*_get(uri, API_PROBE, timeout_s))
+    if problem:
+        raise TrackingError(f"the server at {shown} answers /health but {problem}; is --tracking-uri an MLflow "
+                            f"tracking server?")
+
+
+def _get(uri: str, path: str, timeout_s: float) -> tuple[int, str, bytes]:
+    """(HTTP status, content type, the first 64 KiB of the body) of GET <server><path>; a TrackingError when no
+    answer comes (refused, timed out, a name that does not resolve, a URL urllib cannot send)."""
     try:
-        with urllib.request.urlopen(_health_request(uri), timeout=timeout_s) as response:
-            if response.status != 200:
-                raise TrackingError(f"MLflow server at {shown} answered /health with HTTP {response.status}")
+        with urllib.request.urlopen(_server_request(uri, path), timeout=timeout_s) as response:
+            return response.status, response.headers.get_content_type(), response.read(65536)
     except urllib.error.HTTPError as err:
-        raise TrackingError(f"MLflow server at {shown} answered /health with HTTP {err.code}") from None
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise TrackingError(f"MLflow server at {shown} is unreachable ({reason}); start it or pass another --tracking-uri") from None
+        with contextlib.closing(err):
+            return err.code, err.headers.get_content_type() if err.headers else "", err.read(65536)
+    except (urllib.error.URLError, OSError, ValueError) as err:  # ValueError: http.client.InvalidURL, IDNA errors
+        reason = _scrubbed(str(getattr(err, "reason", err)), uri)
+        raise TrackingError(f"MLflow server at {redact_uri(uri)} is unreachable ({reason}); start it or pass "
+                            f"another --tracking-uri") from None
 
 
-def quoted(value: str) -> str:
-    """`value` as a string literal of an MLflow filter: single-quoted, or double-quoted if it holds a quote."""
-    if "'" not in value:
-        return f"'{value}'"
-    if '"' not in value:
-        return f'"{value}"'
-    raise TrackingError(f"cannot search MLflow for a value holding both quote characters: {value!r}")
+def _api_problem(status: int, content_type: str, body: bytes) -> str | None:
+    """Why an answer to API_PROBE is not an MLflow server's: MLflow answers with JSON, the experiment (200) or
+    RESOURCE_DOES_NOT_EXIST (404). None for such an answer."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return f"its MLflow API answered HTTP {status} with {content_type or 'no content type'}, not MLflow's JSON"
+    if status == 200 and isinstance(data.get("experiment"), dict):
+        return None
+    code = data.get("error_code")
+    if status == 404 and code == "RESOURCE_DOES_NOT_EXIST":
+        return None
+    if code is None:
+        return f"its MLflow API answered HTTP {status} with JSON that is not MLflow's"
+    words = " ".join(str(data.get("message", "")).split())[:200]
+    return f"its MLflow API refused raybench with HTTP {status} ({code}{': ' + words if words else ''})"
+
+
+def tag_filter(tags: Mapping[str, str]) -> str:
+    """An MLflow filter for runs whose tags hold `tags`. MLflow's grammar has no escapes: a string literal is
+    whatever lies between its quotes, and its tokenizer (sqlparse) reads a backslash before a quote as escaping
+    it, so `'back\\'` runs on into the next clause. A value is therefore written as a literal (in single, else
+    double quotes) only where MLflow's own parser reads the whole filter back to exactly these values; else as a
+    LIKE pattern with each character no literal can hold (a quote, a backslash, a control character) as `_`,
+    which matches more runs, never fewer: runs_tagged keeps only those whose tags equal `tags`. `%` and `_` in a
+    LIKE pattern widen it the same way."""
+    literal = " and ".join(_literal_clause(tag, value) or _like_clause(tag, value) for tag, value in tags.items())
+    if _reads_back(literal, tags):
+        return literal
+    return " and ".join(_like_clause(tag, value) if _needs_like(value) else _literal_clause(tag, value) or
+                        _like_clause(tag, value) for tag, value in tags.items())
+
+
+def _literal_clause(tag: str, value: str) -> str | None:
+    for quote in ("'", '"'):
+        clause = f"tags.`{tag}` = {quote}{value}{quote}"
+        if _reads_back(clause, {tag: value}):
+            return clause
+    return None
+
+
+def _needs_like(value: str) -> bool:
+    return any(c in "'\"\\" or not c.isprintable() for c in value)
+
+
+def _like_clause(tag: str, value: str) -> str:
+    pattern = "".join("_" if c in "'\"\\" or not c.isprintable() else c for c in value)
+    return f"tags.`{tag}` LIKE '{pattern}'"
+
+
+def _reads_back(filter_string: str, tags: Mapping[str, str]) -> bool:
+    """Whether MLflow parses `filter_string` into one clause per tag of `tags`: `=` its value, or a LIKE."""
+    from mlflow.utils.search_utils import SearchUtils
+
+    try:
+        parsed = SearchUtils.parse_search_filter(filter_string)
+    except Exception:  # noqa: BLE001  MlflowException and sqlparse's own errors alike: not this filter
+        return False
+    found = {(c.get("key"), c.get("comparator")): c.get("value") for c in parsed}
+    return len(parsed) == len(tags) and all(found.get((tag, "=")) == value or (tag, "LIKE") in found
+                                            for tag, value in tags.items())
+
+
+SEARCH_PAGE = 50000  # MLflow's largest page of search_runs (SEARCH_MAX_RESULTS_THRESHOLD)
+
+
+def runs_tagged(client: Any, experiment_id: str, tags: Mapping[str, str], order_by: list[str] | None = None,
+                max_results: int = SEARCH_PAGE) -> list[Any]:
+    """The runs of the experiment whose tags hold exactly `tags`, in `order_by`'s order, at most `max_results`.
+    The filter is tag_filter's; a LIKE clause (or a store whose `=` ignores case, as MySQL's may) can match more
+    runs than asked, so the runs are compared in Python and, then, a whole page is asked for."""
+    filter_string = tag_filter(tags)
+    exact = " LIKE '" not in filter_string
+    runs = client.search_runs([experiment_id], filter_string, order_by=order_by,
+                              max_results=max_results if exact else SEARCH_PAGE)
+    return [run for run in runs if all(run.data.tags.get(tag) == value for tag, value in tags.items())][:max_results]
 
 
 def driver_identity() -> str:
@@ -355,7 +638,7 @@ class CountedClient:
     BACKOFF_S = 0.5
 
     def __init__(self, client: MlflowClient, background: bool = False, uri: str | None = None) -> None:
-        self._client, self._background = client, background
+        self._client, self._background, self._uri = client, background, uri
         self._address = server_address(uri) if background else None
         self._last_call = -math.inf  # when this client's last call ended (time.monotonic)
 
@@ -368,8 +651,11 @@ class CountedClient:
             start = time.perf_counter()
             try:
                 return self._call(name, attribute, args, kwargs)
-            except Exception:
+            except Exception as err:
                 PROCESS_STATS.failed += 1
+                full = store_full(self._uri, err)
+                if full is not None:
+                    raise full from err
                 raise
             finally:
                 PROCESS_STATS.calls += 1
@@ -410,6 +696,82 @@ class CountedClient:
         return down
 
 
+SQLITE_FULL_WORDS = "database or disk is full"  # SQLite's SQLITE_FULL, which carries no errno
+
+
+def store_full(uri: str | None, err: BaseException) -> StorageFull | None:
+    """The StorageFull (exit 74) for an error of the store at `uri` that is a full disk or quota: SQLite's
+    SQLITE_FULL (through SQLAlchemy and MLflow, with no errno), or an OSError ENOSPC/EDQUOT (a local artifact
+    written beside the database). None for any other error."""
+    path = sqlite_path(uri) if uri else None
+    where = Path(without_secrets(str(path.resolve().parent), uri)) if path is not None else None
+    what = without_secrets(f"the MLflow store {path.name}", uri) if path is not None else "the MLflow store"
+    if _sqlite_full(err):
+        return StorageFull(where or Path.cwd(), what, flag="--tracking-uri")
+    full = disk_full_error(err)
+    if full is None:
+        return None
+    folder = where or (Path(str(full.filename)).parent if full.filename else Path.cwd())
+    return StorageFull(folder, f"{what} ({full.filename})" if full.filename else what, full.errno,
+                       flag="--tracking-uri")
+
+
+def _sqlite_full(err: BaseException) -> bool:
+    import sqlite3
+
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or SQLITE_FULL_WORDS in str(current):
+            return True
+        current = current.__cause__ or current.__context__ or getattr(current, "orig", None)
+    return False
+
+
+def first_contact(uri: str, call: Callable[[], T]) -> T:
+    """`call`, the first request to the store at `uri` (MlflowClient opens a SQL store, creating its schema, and
+    a server's API answers), with whatever the store answers that is no result as one line: a full disk as
+    StorageFull, anything else (a database server that refuses, a schema MLflow cannot migrate, a REST answer
+    that is not MLflow's) as a TrackingError naming the store, never MLflow's traceback."""
+    try:
+        return call()
+    except (TrackingError, StorageFull):
+        raise
+    except Exception as err:
+        full = store_full(uri, err)
+        if full is not None:
+            raise full from err
+        raise TrackingError(f"cannot open the MLflow store at {redact_uri(uri)}: {_error_words(err, uri)}") from None
+
+
+def reads_in_one_line(read: Callable[..., T]) -> Callable[..., T]:
+    """A function reading the store at its first argument, whose MLflow, HTTP and database errors (a server that
+    stops answering as MLflow, a database that drops the connection) end as one TrackingError naming the store:
+    `results`, `compare` and a driver's look at its sweep's record print one line, not MLflow's traceback."""
+    @functools.wraps(read)
+    def reading(uri: str, *args: Any, **kwargs: Any) -> T:
+        from mlflow.exceptions import MlflowException
+        from requests.exceptions import RequestException
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            return read(uri, *args, **kwargs)
+        except (MlflowException, RequestException, SQLAlchemyError) as err:
+            full = store_full(uri, err)
+            if full is not None:
+                raise full from err
+            raise TrackingError(f"the MLflow store at {redact_uri(uri)} failed: {_error_words(err, uri)}") from None
+
+    return reading
+
+
+def _error_words(err: BaseException, uri: str) -> str:
+    """An error of MLflow's as a short line: its type, its message up to a response body (a server's HTML page)."""
+    text = str(err).split("Response body", 1)[0].rstrip(" .:'\"")
+    return f"{type(err).__name__}: {_scrubbed(text, uri)}" if text else type(err).__name__
+
+
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The finite numbers among a result's values (Tune adds strings, bools and bookkeeping)."""
     out = {}
@@ -430,10 +792,20 @@ class SweepTracker:
         if not background:
             check_reachable(uri)
         self.uri = credentials_to_environment(uri)
-        self.client = CountedClient(MlflowClient(tracking_uri=self.uri), background, self.uri)
         self._experiment_name = experiment
-        self._experiment_id = None if background else self._experiment(experiment)
         self.parent_id: str | None = None
+        if background:
+            self.client = CountedClient(MlflowClient(tracking_uri=self.uri), background, self.uri)
+            self._experiment_id: str | None = None
+            return
+        new_file = sqlite_path(self.uri) if is_new_sqlite_store(self.uri) else None
+        try:
+            self.client = first_contact(uri, lambda: CountedClient(MlflowClient(tracking_uri=self.uri), False, self.uri))
+            self._experiment_id = first_contact(uri, lambda: self._experiment(experiment))
+        except StorageFull:
+            if new_file is not None:  # a schema cut off half way would refuse every later command: not kept
+                _remove_sqlite_file(new_file)
+            raise
 
     @property
     def experiment_id(self) -> str:
@@ -454,33 +826,73 @@ class SweepTracker:
                 self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
             return found.experiment_id
         location = None
-        if self.uri.startswith("sqlite:"):  # keep artifacts next to the database, not in the cwd of whoever reads
-            location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+        database = sqlite_path(self.uri)
+        if database is not None:  # keep artifacts next to the database, not in the cwd of whoever reads
+            location = (database.parent / "mlartifacts").resolve().as_uri()
         return self.client.create_experiment(name, artifact_location=location,
                                              tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
 
-    def _find(self, filter_string: str) -> Any | None:
-        runs = self.client.search_runs([self.experiment_id], filter_string, max_results=1, order_by=["attributes.start_time DESC"])
+    def _find(self, tags: Mapping[str, str]) -> Any | None:
+        """The latest run whose tags hold `tags` exactly."""
+        runs = runs_tagged(self.client, self.experiment_id, tags, order_by=["attributes.start_time DESC"], max_results=1)
         return runs[0] if runs else None
 
     # ----- the sweep's parent run ------------------------------------------------------------------
     def start_sweep(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str],
-                    parent_run: str | None = None) -> str:
-        """The sweep's parent run, reused when resuming; nested under `parent_run` (a benchmark's) if given."""
-        existing = self._find(f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'")
+                    parent_run: str | None = None, storage: Path | None = None, resuming: bool = True) -> str:
+        """The sweep's parent run, reused when resuming; nested under `parent_run` (a benchmark's) if given.
+
+        With `storage`, the name belongs to that --storage: the run records it (STORAGE_TAG), and a parent of
+        another storage is never taken over (SweepClaimed). A new sweep (not `resuming`) never takes over an
+        existing parent at all: one found now was made by another driver since this one looked. Two drivers
+        that create a parent for one name at once each look again after creating theirs; the earlier parent
+        (by start time, then run id) keeps the name, and the other driver deletes its own before any child run."""
+        existing = self._find({SWEEP_TAG: name, "stage": "sweep"})
         nesting = {PARENT_TAG: parent_run} if parent_run else {}
+        owner = {STORAGE_TAG: str(storage)} if storage is not None else {}
         if existing is not None:
+            if storage is not None:
+                self._check_owner(name, existing, storage, resuming)
             self.parent_id = existing.info.run_id
             self.client.update_run(self.parent_id, status="RUNNING")
-            self._tag(self.parent_id, nesting)
+            self._tag(self.parent_id, {**nesting, **owner})
         else:
             run = self.client.create_run(self.experiment_id, run_name=name,
-                                         tags={**tags, **nesting, SWEEP_TAG: name, "stage": "sweep"})
+                                         tags={**tags, **nesting, **owner, SWEEP_TAG: name, "stage": "sweep"})
             self.parent_id = run.info.run_id
+            if storage is not None:
+                self._hold_name(name, run)
             self._log(self.parent_id, params=flatten(params))
         self._tag(self.parent_id, {STATE_TAG: State.RUNNING.value, DRIVER_TAG: driver_identity(),
                                    **{k: v for k, v in tags.items() if k == RESUME_TAG}})
         return self.parent_id
+
+    def _check_owner(self, name: str, existing: Any, storage: Path, resuming: bool) -> None:
+        """Refuse an existing parent this driver may not take over: any, for a new sweep (another driver made it
+        since this one looked), or one whose storage is not this driver's."""
+        if not resuming:
+            raise SweepClaimed(f"--name: sweep {name!r} was just started by another driver (its parent run "
+                               f"{existing.info.run_id}, storage {existing.data.tags.get(STORAGE_TAG, '(not recorded)')})"
+                               f"; pass --resume with that --storage to continue it, or another --name")
+        problem = storage_problem(name, existing.data.tags.get(STORAGE_TAG), storage)
+        if problem is not None:
+            raise SweepClaimed(problem)
+
+    def _hold_name(self, name: str, mine: Any) -> None:
+        """The election after creating a parent: the earliest parent of `name` keeps it. Each of two drivers that
+        created one at once sees at least the earlier one when it looks (it was made first), so exactly one goes on,
+        where the drivers' clocks agree to better than the time between their creates (start times are theirs)."""
+        parents = runs_tagged(self.client, self.experiment_id, {SWEEP_TAG: name, "stage": "sweep"},
+                              order_by=["attributes.start_time ASC"])
+        first = min(parents + [mine], key=lambda run: (run.info.start_time, run.info.run_id))
+        if first.info.run_id == mine.info.run_id:
+            return
+        self.client.delete_run(mine.info.run_id)
+        self.parent_id = None
+        raise SweepClaimed(f"--name: sweep {name!r} was started by another driver at the same moment (its parent "
+                           f"run {first.info.run_id}, storage {first.data.tags.get(STORAGE_TAG, '(not recorded)')}); "
+                           f"this driver stopped before running anything: pass another --name, or --resume with that "
+                           f"--storage once it has ended")
 
     def check_parent_run(self, run_id: str) -> str | None:
         """A parent run must exist in this store's experiment: a mistyped id would nest the sweep under nothing.
@@ -570,8 +982,7 @@ class SweepTracker:
 
     def _nested(self, parent: str, key: str, run_name: str, params: Mapping[str, Any],
                 tags: Mapping[str, str], look_up: bool = True) -> tuple[str, bool]:
-        existing = self._find(f"tags.`{KEY_TAG}` = {quoted(key)} and tags.`{PARENT_TAG}` = {quoted(parent)}") \
-            if look_up else None
+        existing = self._find({KEY_TAG: key, PARENT_TAG: parent}) if look_up else None
         if existing is not None:
             self.client.update_run(existing.info.run_id, status="RUNNING")
             return existing.info.run_id, False
@@ -603,8 +1014,8 @@ class SweepTracker:
         assert self.parent_id is not None
         found, frontier = [], [self.parent_id]
         while frontier:
-            runs = [run for parent in frontier for run in self.client.search_runs(
-                [self.experiment_id], f"tags.`{PARENT_TAG}` = {quoted(parent)}", max_results=10000)]
+            runs = [run for parent in frontier
+                    for run in runs_tagged(self.client, self.experiment_id, {PARENT_TAG: parent}, max_results=10000)]
             found += runs
             frontier = [run.info.run_id for run in runs] if nested else []
         return found
@@ -767,6 +1178,8 @@ class TrialRunWriter:
     def _raise_failure(self) -> None:
         if self.error is not None and not self.error_raised:
             self.error_raised = True
+            if isinstance(self.error, StorageFull):  # exit 74, as any full disk: the sweep resumes once freed
+                raise self.error
             raise TrackingError(f"tracking store {redact_uri(self.tracker.uri)}: {self.error}") from self.error
 
     def _work(self) -> None:
@@ -891,7 +1304,7 @@ class BenchmarkTracker(SweepTracker):
     """A benchmark's parent run: its sweeps' parent runs nest under it; the comparison is attached to it."""
 
     def start_benchmark(self, name: str, params: Mapping[str, Any], resume_command: str | None) -> str:
-        existing = self._find(f"tags.`{BENCHMARK_TAG}` = {quoted(name)} and tags.stage = 'benchmark'")
+        existing = self._find({BENCHMARK_TAG: name, "stage": "benchmark"})
         if existing is not None:
             self.parent_id = existing.info.run_id
             self.client.update_run(self.parent_id, status="RUNNING")
@@ -957,28 +1370,52 @@ class RecordedSweep:
     params: dict[str, str]
     status: str  # MLflow's: RUNNING, FINISHED, KILLED, FAILED
     state: SweepState
+    storage: str | None = None  # the --storage its driver ran it from (STORAGE_TAG); None: recorded before it was kept
 
 
+def storage_problem(name: str, recorded: str | None, storage: Path) -> str | None:
+    """Why a driver on `storage` may not run sweep `name`, whose parent run says it belongs to the storage
+    `recorded`: a sweep's name is one sweep in the tracking store, whatever --storage a driver names, and its
+    runs are those of the folders under one storage. None when the storages are one folder (also by another
+    path to it), or the parent recorded none."""
+    if not recorded or _same_folder(Path(recorded), Path(storage)):
+        return None
+    return (f"--storage: sweep {name!r} belongs to the storage {recorded} (so its parent run in the tracking store "
+            f"says), got {storage}; pass --storage {recorded} to resume it, or another --name")
+
+
+def _same_folder(one: Path, other: Path) -> bool:
+    try:
+        return one.resolve() == other.resolve() or os.path.samefile(one, other)
+    except OSError:  # one of them is not there (on this host)
+        return False
+
+
+@reads_in_one_line
 def find_recorded_sweep(uri: str, name: str) -> RecordedSweep | None:
     """The parent run of sweep `name` in the store at `uri`, read without writing anything: None when the
     store has no such run, or is no MLflow store yet (a SQLite file that is missing or has no MLflow tables).
     Such a file is not opened: MlflowClient would create the schema, which the sweep's own tracker does once
     its driver holds the sweep lock, so two drivers never race to create it."""
-    if _missing_sqlite_file(uri) is not None or _not_an_mlflow_sqlite_file(uri) is not None:
+    refuse_bad_uri(uri)
+    if _missing_local_store(uri) is not None or _not_an_mlflow_sqlite_file(uri) is not None:
         return None
     check_reachable(uri)
-    client = CountedClient(MlflowClient(tracking_uri=credentials_to_environment(uri)))
-    experiment = client.get_experiment_by_name(EXPERIMENT)
+    client = first_contact(uri, lambda: CountedClient(MlflowClient(tracking_uri=credentials_to_environment(uri)),
+                                                      uri=uri))
+    experiment = first_contact(uri, lambda: client.get_experiment_by_name(EXPERIMENT))
     if experiment is None:
         return None
-    runs = client.search_runs([experiment.experiment_id], f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'",
-                              max_results=1, order_by=["attributes.start_time DESC"])
+    runs = runs_tagged(client, experiment.experiment_id, {SWEEP_TAG: name, "stage": "sweep"}, max_results=1,
+                       order_by=["attributes.start_time DESC"])
     if not runs:
         return None
     run = runs[0]
-    return RecordedSweep(run.info.run_id, dict(run.data.params), run.info.status, sweep_state(run))
+    return RecordedSweep(run.info.run_id, dict(run.data.params), run.info.status, sweep_state(run),
+                         run.data.tags.get(STORAGE_TAG))
 
 
+@reads_in_one_line
 def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
     """The sweep's figures (the parent run's artifact folder `plots`) copied into `directory`."""
     client = MlflowClient(tracking_uri=credentials_to_environment(uri))
@@ -997,6 +1434,7 @@ def download_plots(uri: str, parent_id: str, directory: Path) -> list[Path]:
     return copies
 
 
+@reads_in_one_line
 def load_sweep_results(uri: str, name: str) -> SweepSummary:
     """The parent run of sweep `name` and its `results/summary.json` artifact, with where the sweep stands."""
     client, parent = _sweep_parent(uri, name)
@@ -1009,8 +1447,8 @@ def load_sweep_results(uri: str, name: str) -> SweepSummary:
 def _sweep_parent(uri: str, name: str) -> tuple[MlflowClient, Any]:
     """The store at `uri` and sweep `name`'s parent run in it; a TrackingError naming the sweep when it has none."""
     client, experiment_id = _sweep_store(uri)
-    runs = client.search_runs([experiment_id], f"tags.`{SWEEP_TAG}` = {quoted(name)} and tags.stage = 'sweep'",
-                              max_results=1)
+    runs = runs_tagged(client, experiment_id, {SWEEP_TAG: name, "stage": "sweep"}, max_results=1,
+                       order_by=["attributes.start_time DESC"])
     if not runs:
         raise TrackingError(f"no sweep named {name!r} in the MLflow store at {redact_uri(uri)}")
     return client, runs[0]
@@ -1019,6 +1457,7 @@ def _sweep_parent(uri: str, name: str) -> tuple[MlflowClient, Any]:
 SELECTED_CHECKPOINT = "selected_checkpoint/best_model.pt"  # the parent run's copy of the selected trial's model
 
 
+@reads_in_one_line
 def download_selected_checkpoint(tracking_uri: str, sweep_name: str, destination: Path) -> Path:
     """The selected trial's `best_model.pt`, which the sweep logged on its parent run, copied into the folder
     `destination` (made if missing); returns the file, whole or not there. A sweep that logged none (it ended
@@ -1049,13 +1488,13 @@ class SweepRecord:
     damage: str | None = None  # why its recorded results cannot be read (then summary is None)
 
 
+@reads_in_one_line
 def find_sweeps(uri: str, names: tuple[str, ...] = (), dataset: str | None = None,
                 algorithms: tuple[str, ...] = ()) -> list[SweepRecord]:
     """Every sweep matching the filter, oldest first (the order they were run in), summaries read back."""
     client, experiment_id = _sweep_store(uri)
-    clauses = ["tags.stage = 'sweep'"] + ([f"tags.dataset = {quoted(dataset)}"] if dataset else [])
-    parents = client.search_runs([experiment_id], " and ".join(clauses), order_by=["attributes.start_time ASC"],
-                                 max_results=50000)
+    wanted = {"stage": "sweep", **({"dataset": dataset} if dataset else {})}
+    parents = runs_tagged(client, experiment_id, wanted, order_by=["attributes.start_time ASC"])
     records = []
     for parent in parents:
         tags = parent.data.tags
@@ -1074,15 +1513,16 @@ def find_sweeps(uri: str, names: tuple[str, ...] = (), dataset: str | None = Non
 def _sweep_store(uri: str) -> tuple[MlflowClient, str]:
     """The store a reading command (`results`, `compare`) reads; a SQLite file that is not there is an error,
     never a new empty database left behind."""
-    missing = _missing_sqlite_file(uri)
+    refuse_bad_uri(uri)
+    missing = _missing_local_store(uri)
     if missing is not None:
-        raise TrackingError(f"no MLflow store at {redact_uri(uri)}: {str(missing)!r} does not exist")
+        raise TrackingError(without_secrets(f"no MLflow store at {uri}: {str(missing)!r} does not exist", uri))
     problem = _not_an_mlflow_sqlite_file(uri)
     if problem is not None:
-        raise TrackingError(f"no MLflow store at {redact_uri(uri)}: {problem}")
+        raise TrackingError(without_secrets(f"no MLflow store at {uri}: {problem}", uri))
     check_reachable(uri)
-    client = MlflowClient(tracking_uri=credentials_to_environment(uri))
-    experiment = client.get_experiment_by_name(EXPERIMENT)
+    client = first_contact(uri, lambda: MlflowClient(tracking_uri=credentials_to_environment(uri)))
+    experiment = first_contact(uri, lambda: client.get_experiment_by_name(EXPERIMENT))
     if experiment is None:
         raise TrackingError(f"no raybench sweeps in the MLflow store at {redact_uri(uri)}")
     return client, experiment.experiment_id
@@ -1090,16 +1530,32 @@ def _sweep_store(uri: str) -> tuple[MlflowClient, str]:
 
 def is_new_sqlite_store(uri: str) -> bool:
     """Whether `uri` names a SQLite file that does not exist yet, which MLflow's client creates with its whole
-    schema (Alembic's migrations, seconds of one core) when a tracker first opens it."""
-    return _missing_sqlite_file(uri) is not None
+    schema (Alembic's migrations, seconds of one core) when a tracker first opens it (or a file store's folder
+    that does not exist yet, which it makes)."""
+    return _missing_local_store(uri) is not None
 
 
-def _missing_sqlite_file(uri: str) -> Path | None:
-    scheme, _, rest = uri.partition(":///")
-    if scheme.split("+")[0] != "sqlite" or not rest or rest == ":memory:":
+def _missing_local_store(uri: str) -> Path | None:
+    """The SQLite file or file-store folder `uri` names, when it is not there (MLflow would create it)."""
+    path = sqlite_path(uri) or file_store_path(uri)
+    return None if path is None or path.exists() else path
+
+
+def file_store_path(uri: str) -> Path | None:
+    """The folder of a file store (file:///PATH); None for another scheme."""
+    if uri_scheme(uri) != "file":
         return None
-    path = Path(rest.split("?")[0])
-    return None if path.exists() else path
+    try:
+        return Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path))
+    except ValueError:
+        return None
+
+
+def _remove_sqlite_file(path: Path) -> None:
+    """A database file this process began and could not finish, with SQLite's journal files beside it."""
+    for leftover in (path, *(path.with_name(path.name + suffix) for suffix in ("-journal", "-wal", "-shm"))):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
 
 
 # Tables every MLflow SQL store has; MlflowClient creates them (about 65 in all) in any SQLite file it opens.
@@ -1110,10 +1566,9 @@ def _not_an_mlflow_sqlite_file(uri: str) -> str | None:
     """Why an existing SQLite file of `uri` is not an MLflow store, read without writing to it; None if it is
     one (or `uri` is not a SQLite file). Reading commands check this first: MlflowClient would otherwise
     write MLflow's schema into any SQLite file it is pointed at, and a damaged file would end in a traceback."""
-    scheme, _, rest = uri.partition(":///")
-    if scheme.split("+")[0] != "sqlite" or not rest or rest == ":memory:":
+    path = sqlite_path(uri)
+    if path is None:
         return None
-    path = Path(rest.split("?")[0])
     import sqlite3
 
     damage = sqlite_damage(path)
@@ -1130,6 +1585,28 @@ def _not_an_mlflow_sqlite_file(uri: str) -> str | None:
     return None
 
 
+def roll_back_a_killed_writers_journal(path: Path) -> None:
+    """A writer killed inside a transaction (a SIGKILLed driver) leaves a hot journal (`NAME-journal`) beside a
+    sound store. SQLite rolls it back when the file is next opened for writing, which no read-only check can do:
+    it answers "attempt to write a readonly database". So the journal is rolled back first, by one read-write
+    open that reads the schema (SQLite takes the shared lock, finds the journal hot and restores the file), when
+    the folder is writable; otherwise the read-only check says what it finds."""
+    import sqlite3
+
+    journal = path.with_name(path.name + "-journal")
+    try:
+        hot = journal.is_file() and journal.stat().st_size > 0 and os.access(path.parent, os.W_OK)
+    except OSError:
+        return
+    if not hot:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchall()
+    except sqlite3.DatabaseError:
+        return  # damaged or busy: the read-only check names it
+
+
 def sqlite_damage(path: Path) -> str | None:
     """Why an existing SQLite file cannot be read whole, read without writing to it: not a database at all (random
     bytes), or pages cut off or overwritten (a truncated copy), which SQLite finds only when a query reaches them.
@@ -1137,6 +1614,7 @@ def sqlite_damage(path: Path) -> str | None:
     every command meets a damaged store in one line before MLflow opens it. None for a sound file."""
     import sqlite3
 
+    roll_back_a_killed_writers_journal(path)
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
             found = [str(row[0]) for row in db.execute("PRAGMA quick_check(3)")]
@@ -1151,22 +1629,41 @@ class DamagedRecord(TrackingError):
     """A sweep's recorded results that cannot be read: that sweep is skipped and named, the rest go on."""
 
 
-def read_summary(data: Any) -> SweepSummary:
+def read_summary(data: Any, name: str | None = None, run_id: str | None = None) -> SweepSummary:
     """A parsed summary.json as the typed record; a RecordError saying why it cannot be a sweep's results: not a
     mapping, a schema version this raybench does not read, a key missing or of the wrong type (the keys are
-    SweepSummary.from_json's to judge)."""
+    SweepSummary.from_json's to judge), numbers that are no results (records.summary_numbers_problem), or the
+    record of another sweep: read for sweep `name` (and its parent run `run_id`), a summary names both, so one
+    copied from another sweep, or from a sweep of that name in another store, is not taken for this one's."""
     version = data.get(SCHEMA_VERSION, 0) if isinstance(data, dict) else 0
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise RecordError(f"{SCHEMA_VERSION!r} is not a whole number >= 0")
     if version > SUMMARY_SCHEMA:
         raise RecordError(f"schema version {version}, newer than this raybench {raybench.__version__} reads "
                           f"(up to {SUMMARY_SCHEMA}): read it with the raybench that wrote it")
-    return SweepSummary.from_json(data)
+    summary = SweepSummary.from_json(data)
+    problem = summary_numbers_problem(data)
+    if problem:
+        raise RecordError(problem)
+    if name is not None and summary.name != name:
+        raise RecordError(f"it is the record of sweep {summary.name!r}, not of {name!r} (copied from another sweep?)")
+    recorded_run = (summary.mlflow or {}).get("run_id")
+    if run_id is not None and recorded_run is not None and recorded_run != run_id:
+        raise RecordError(f"it is the record of the parent run {recorded_run!r}, not of {run_id!r} (copied from "
+                          f"another sweep of that name?)")
+    return summary
+
+
+def read_summary_text(text: str, name: str | None = None, run_id: str | None = None) -> SweepSummary:
+    """A summary.json's text as read_summary reads it, parsed without trusting its nesting (records.loads_record):
+    a RecordError for every way it can be damaged."""
+    return read_summary(loads_record(text), name, run_id)
 
 
 def _parent_summary(client: MlflowClient, parent: Any) -> SweepSummary | None:
     """The sweep's `results/summary.json` with where it stands; None before it recorded results. A file that
-    is cut, not JSON, or not shaped like a summary is a DamagedRecord naming the sweep and the file."""
+    is cut, not JSON, nested past any record, not shaped like a summary, or another sweep's is a DamagedRecord
+    naming the sweep and the file."""
     name = parent.data.tags.get(SWEEP_TAG, parent.info.run_name)
     state = sweep_state(parent)
     with tempfile.TemporaryDirectory() as tmp:
@@ -1176,11 +1673,7 @@ def _parent_summary(client: MlflowClient, parent: Any) -> SweepSummary | None:
             return None
         text = Path(path).read_text(errors="replace")
     try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise _damaged(name, parent, f"not JSON ({err})") from None
-    try:
-        summary = read_summary(data)
+        summary = read_summary_text(text, name, parent.info.run_id)
     except RecordError as err:
         raise _damaged(name, parent, str(err)) from None
     return dataclasses.replace(summary, stored=StoredRun(parent.info.run_id, parent.info.status, state.line(name),

@@ -167,9 +167,9 @@ def test_an_algorithm_that_is_a_list_is_one_line(capsys):
     (["train", "--seed", "4294967296"], "--seed: expected an integer >= 0, at most 4,294,967,295, got 4294967296"),
     (["train", "--epochs", "1" + "0" * 20], "--epochs: expected an integer >= 1, at most 1,000,000"),
     (["sweep", "erm", "--trials", "1" + "0" * 400], "--trials: expected an integer >= 1, at most 1,000,000"),
-    (["sweep", "erm", "--cpus-per-worker", "1e9"], "--cpus-per-worker: expected a finite number > 0, at most 1,000,000"),
-    (["sweep", "erm", "--worker-resource", "gpu_slot=1e300"], "--worker-resource: expected a finite number > 0, at most"),
-    (["benchmark", "x.yaml", "--progress-every", "1e300"], "--progress-every: expected a finite number > 0, at most"),
+    (["sweep", "erm", "--cpus-per-worker", "1e9"], "--cpus-per-worker: expected a finite number >= 0.01, at most 1,000,000"),
+    (["sweep", "erm", "--worker-resource", "gpu_slot=1e300"], "--worker-resource: expected a finite number >= 0.0001, at most"),
+    (["benchmark", "x.yaml", "--progress-every", "1e300"], "--progress-every: expected a finite number >= 1, at most"),
 ])
 def test_a_flag_or_set_value_past_any_real_run_is_one_line_before_any_cluster_work(argv, message, capsys):
     line = refused_in_one_line(cli(argv, capsys))

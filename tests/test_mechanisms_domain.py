@@ -126,21 +126,58 @@ def test_erm_updates_lower_the_cross_entropy_of_the_batch(tiny_dataset: ShiftDat
 
 
 # ----- DANN ---------------------------------------------------------------------------------------------
+# Which number the discriminator gives each domain is DANN's own choice (every domain its id, or source 0 and
+# target 1, either way round): the tests read the labels the algorithm used from its own loss and check the
+# mechanism against those, so a renumbering passes and a lost reversal or a wrong sign does not.
 
-def plain_domain_loss(algorithm: Algorithm, labeled: Batch, unlabeled: Batch) -> Tensor:
-    """The discriminator's CE on the joint batch with no reversal: what the discriminator itself minimises."""
+def domain_labels_used(algorithm: Algorithm, labeled: Batch, unlabeled: Batch) -> Tensor:
+    """The discriminator targets of the algorithm's domain loss, read off its gradient: for a mean
+    cross-entropy over the joint batch weighted by `penalty`, d loss / d logits = penalty * (softmax - one_hot)
+    / n, so one_hot = softmax - n * grad / penalty. Anything else (no cross-entropy, another weight, soft or
+    missing targets) leaves no one-hot there, and the test fails saying so."""
+    captured: list[Tensor] = []
+    hook = algorithm.discriminator.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        loss = algorithm.objective(labeled, unlabeled, 0).loss
+    finally:
+        hook.remove()
+    assert len(captured) == 1, f"the discriminator ran {len(captured)} times in one step"
+    logits = captured[0]
+    (grad,) = torch.autograd.grad(loss, logits)
+    one_hot = logits.detach().softmax(1) - len(logits) * grad / algorithm.hparams.penalty
+    labels = one_hot.argmax(1)
+    torch.testing.assert_close(one_hot, F.one_hot(labels, logits.shape[1]).to(one_hot.dtype), atol=1e-4, rtol=0,
+                               msg="the domain loss is not penalty x the mean cross-entropy of one label an example")
+    return labels
+
+
+def assert_labels_follow_the_domains(labels: Tensor, labeled: Batch, unlabeled: Batch) -> None:
+    """The targets are a renumbering of the domains: one label a domain, and the unlabeled (target) examples'
+    labels never those of the labeled (source) ones, so the discriminator is asked to tell source from target."""
+    domains = joint_domains(labeled, unlabeled)
+    for domain in domains.unique():
+        assert labels[domains == domain].unique().numel() == 1, f"domain {int(domain)} has several labels"
+    n = len(labeled)
+    assert not set(labels[:n].tolist()) & set(labels[n:].tolist()), f"source and target share a label: {labels}"
+
+
+def plain_domain_loss(algorithm: Algorithm, labeled: Batch, unlabeled: Batch, labels: Tensor) -> Tensor:
+    """The discriminator's CE on the joint batch with no reversal, against the algorithm's own targets: what
+    the discriminator itself minimises."""
     features = algorithm.model.featurizer(joint_inputs(algorithm, labeled, unlabeled))
-    return F.cross_entropy(algorithm.discriminator(features), joint_domains(labeled, unlabeled))
+    return F.cross_entropy(algorithm.discriminator(features), labels)
 
 
 def test_dann_loss_adds_penalty_times_the_domain_cross_entropy(tiny_dataset: ShiftDataset) -> None:
     """lambda weighs the domain loss: loss = CE(labeled) + penalty * CE(domain of every example)."""
     algorithm = algorithm_on("dann", tiny_dataset, penalty=2.5)
     labeled, unlabeled = two_batches(tiny_dataset)
+    labels = domain_labels_used(algorithm, labeled, unlabeled)
+    assert_labels_follow_the_domains(labels, labeled, unlabeled)
     out = algorithm.objective(labeled, unlabeled, 0)
     features = algorithm.model.featurizer(joint_inputs(algorithm, labeled, unlabeled))
     supervised = F.cross_entropy(algorithm.model.head(features[:len(labeled)]), labeled.y)
-    domain = plain_domain_loss(algorithm, labeled, unlabeled)
+    domain = plain_domain_loss(algorithm, labeled, unlabeled, labels)
     torch.testing.assert_close(out.logs["loss/domain"], domain.detach())
     torch.testing.assert_close(out.loss, supervised + 2.5 * domain)
 
@@ -151,9 +188,10 @@ def test_dann_reverses_the_domain_gradient_into_the_featurizer_but_not_the_discr
     discriminator); the discriminator gets +penalty x its own gradient (it is trained to win)."""
     algorithm = algorithm_on("dann", tiny_dataset)
     labeled, unlabeled = two_batches(tiny_dataset)
+    labels = domain_labels_used(algorithm, labeled, unlabeled)
     featurizer = list(algorithm.model.featurizer.parameters())
     discriminator = list(algorithm.discriminator.parameters())
-    plain = gradient(plain_domain_loss(algorithm, labeled, unlabeled), featurizer + discriminator)
+    plain = gradient(plain_domain_loss(algorithm, labeled, unlabeled, labels), featurizer + discriminator)
     plain_featurizer, plain_discriminator = plain[:len(featurizer)], plain[len(featurizer):]
     assert norm(plain_featurizer) > 1e-4, "no domain gradient reaches the featurizer: the check would be vacuous"
     assert_all_close(penalty_part(algorithm, labeled, unlabeled, 2.5, featurizer),
@@ -163,9 +201,9 @@ def test_dann_reverses_the_domain_gradient_into_the_featurizer_but_not_the_discr
 
 
 def domain_loss_after_one_step(algorithm: Algorithm, state: dict[str, Tensor], penalty: float, group: int,
-                               labeled: Batch, unlabeled: Batch) -> float:
+                               labeled: Batch, unlabeled: Batch, labels: Tensor) -> float:
     """From `state`, one SGD step of the algorithm's loss on one of its parameter groups (0 featurizer,
-    2 discriminator) at this `penalty`; returns the plain domain loss afterwards."""
+    2 discriminator) at this `penalty`; returns the plain domain loss afterwards, against `labels`."""
     algorithm.load_state_dict(state)
     set_penalty(algorithm, penalty)
     optimizer = torch.optim.SGD([algorithm.param_groups(0.01)[group]], lr=0.01)
@@ -173,7 +211,7 @@ def domain_loss_after_one_step(algorithm: Algorithm, state: dict[str, Tensor], p
     optimizer.step()
     algorithm.zero_grad(set_to_none=True)
     with torch.no_grad():
-        return float(plain_domain_loss(algorithm, labeled, unlabeled))
+        return float(plain_domain_loss(algorithm, labeled, unlabeled, labels))
 
 
 def test_dann_featurizer_step_raises_the_domain_loss_that_a_discriminator_step_lowers(
@@ -183,12 +221,13 @@ def test_dann_featurizer_step_raises_the_domain_loss_that_a_discriminator_step_l
     algorithm = algorithm_on("dann", tiny_dataset)
     labeled, unlabeled = two_batches(tiny_dataset)
     state = copy.deepcopy(algorithm.state_dict())
+    labels = domain_labels_used(algorithm, labeled, unlabeled)
     with torch.no_grad():
-        before = float(plain_domain_loss(algorithm, labeled, unlabeled))
+        before = float(plain_domain_loss(algorithm, labeled, unlabeled, labels))
     featurizer, discriminator = 0, 2  # DANN's optimiser groups
 
     def after_step(penalty: float, group: int) -> float:
-        return domain_loss_after_one_step(algorithm, state, penalty, group, labeled, unlabeled)
+        return domain_loss_after_one_step(algorithm, state, penalty, group, labeled, unlabeled, labels)
 
     assert after_step(5.0, featurizer) > after_step(0.0, featurizer), "featurizer helped the discriminator"
     assert after_step(5.0, discriminator) < before, "the discriminator was trained to lose"

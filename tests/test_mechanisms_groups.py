@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import raybench.algorithms.dfr as dfr_module
@@ -25,7 +26,7 @@ from raybench.algorithms.cb import ClassBalanced
 from raybench.algorithms.dfr import Standardizer
 from raybench.algorithms.gb import GroupBalanced
 from raybench.algorithms.groupdro import GroupDRO
-from raybench.data import Batch, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views
+from raybench.data import Batch, ShiftDataset, Split, Task, TaskKind, TrainDefaults, Views, spuco
 from raybench.data.augment import ImageViews
 from raybench.models import FeaturizerHead
 from raybench.trainer import TrainConfig, Trainer
@@ -161,6 +162,73 @@ def test_groupdro_objective_moves_its_weights_toward_the_worse_group_and_weights
         algorithm.objective(batch, None, step)
     assert algorithm.group_weights[1] > q[1], "the weights are not carried from step to step"
     assert torch.equal(algorithm.state_dict()["group_weights"], algorithm.group_weights)  # survives a resume
+
+
+# ----- GroupDRO on SpuCoMNIST, where a class holds five groups ---------------------------------------------------
+SPUCO_STRENGTH = 0.9  # 4 minority examples a class at 40 per class: one in each of its four minority groups
+SPUCO_SIZES = spuco.SpuCoSizes(train_per_class=40, val_per_class=10, test_per_group=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_spuco(tmp_path_factory: pytest.TempPathFactory) -> ShiftDataset:
+    """spuco-digits as the code generates it (large colour patch), 200 training images: five classes, 25 groups."""
+    return spuco.build_spuco("spuco-digits", spuco.SpuCoSettings(strength=SPUCO_STRENGTH),
+                             tmp_path_factory.mktemp("spuco"), seed=0, sizes=SPUCO_SIZES)
+
+
+class ColourReader(nn.Module):
+    """A model that learnt the spurious feature only: the one-hot of the image's colour (the median pixel of
+    each channel, nearest palette colour), so it predicts class c for colour c, SpuCo's majority pairing."""
+
+    def __init__(self, views: Views) -> None:
+        super().__init__()
+        swatches = torch.tensor(list(spuco.COLOURS.values()), dtype=torch.uint8).view(-1, 3, 1, 1)
+        self.register_buffer("palette", views.plain(swatches).flatten(1))  # in the model's input space
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pixel = x.flatten(2).median(dim=2).values
+        return F.one_hot(torch.cdist(pixel, self.palette).argmin(1), len(self.palette)).float()
+
+
+def colour_reading_model(views: Views, confidence: float = 4.0) -> FeaturizerHead:
+    return FeaturizerHead(ColourReader(views), spuco.N_COLOURS, spuco.N_CLASSES,
+                          head=vector_model(spuco.N_COLOURS, spuco.N_CLASSES, confidence * torch.eye(spuco.N_COLOURS)).head)
+
+
+def rows_of_groups(split: Split, counts: dict[int, int]) -> torch.Tensor:
+    """The first `n` training rows of each group id in `counts`."""
+    return torch.cat([torch.nonzero(split.group == group).flatten()[:n] for group, n in counts.items()])
+
+
+def test_groupdro_weights_spucos_groups_not_its_classes(tiny_spuco: ShiftDataset):
+    """A class of SpuCoMNIST holds five groups (its colours), so weighting classes is not GroupDRO. A model that
+    reads only the colour gets majority groups right and its minority groups wrong: in a batch of class 0 red
+    (its majority), class 0 green (a minority group of class 0) and class 1 green (class 1's majority), only
+    the group of green zeros has a high loss. One step must raise that group's weight above every other, with
+    one weight per group (25), each moved by its own group's mean loss (Sagawa et al., Alg. 1)."""
+    train = tiny_spuco.split("train")
+    red, green = spuco.COLOUR_NAMES.index("red"), spuco.COLOUR_NAMES.index("green")
+    majority_0, minority_0, majority_1 = 0 * spuco.N_COLOURS + red, 0 * spuco.N_COLOURS + green, 1 * spuco.N_COLOURS + green
+    batch = train.take(rows_of_groups(train, {majority_0: 3, minority_0: 1, majority_1: 3}))
+    assert batch.y.tolist() == [0] * 4 + [1] * 3, "classes and groups must differ for this batch to tell them apart"
+    eta = 1.0
+    model = colour_reading_model(tiny_spuco.views)
+    algorithm = build_algorithm("groupdro", model, {"eta": eta}, context_for(tiny_spuco))
+    assert algorithm.group_weights.shape == (len(spuco.GROUP_NAMES),) == (tiny_spuco.n_groups,)
+
+    out = algorithm.objective(batch, None, 0)
+    with torch.no_grad():
+        losses = F.cross_entropy(model(tiny_spuco.views.plain(batch.x)), batch.y, reduction="none")
+    assert losses[3] > 3 * losses[:3].max(), f"the minority group's loss is not the high one: {losses.tolist()}"
+    group_loss = {group: float(losses[batch.group == group].mean()) for group in (majority_0, minority_0, majority_1)}
+    raised = torch.full((tiny_spuco.n_groups,), 1.0 / tiny_spuco.n_groups)
+    for group, loss in group_loss.items():
+        raised[group] *= np.exp(eta * loss)
+    expected = raised / raised.sum()
+    weights = algorithm.group_weights
+    assert int(weights.argmax()) == minority_0, f"weights {weights.tolist()}: not the green zeros' group"
+    torch.testing.assert_close(weights, expected, rtol=1e-5, atol=1e-7)
+    assert out.loss.item() == pytest.approx(sum(float(weights[g]) * loss for g, loss in group_loss.items()), rel=1e-5)
 
 
 # ----- CB, GB and GroupDRO batches through the trainer ---------------------------------------------------------

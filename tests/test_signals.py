@@ -1,12 +1,14 @@
 """SIGTERM (`ray job stop`, Kubernetes and Slurm preemption) ends a benchmark as Ctrl-C does: exit 143, runs
 KILLED, a --resume line (a sweep's SIGTERM and its resume: test_interrupt.py). And after a SIGKILL, what the dead driver's private Ray left running is stopped
-by the next start, found by the driver's record (never by name, never another live driver's)."""
+by the next start, found by the driver's record (never by name, never another live driver's), and its resume trains
+no finished trial again."""
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -19,12 +21,6 @@ from raybench.sweep.leftovers import RECORD_NAME, DriverRecord, ProcessId, recor
 WAIT_S = 420
 RAY_DUMP = "SIGTERM received"  # Ray's native failure-signal handler's dump
 LONGER_TRIALS = ["--set", "epochs=3", "--set", "max_steps_per_epoch=20"]  # a trial still runs when the signal lands
-
-
-def _sweep_args(uri: str, tmp_path: Path, name: str) -> list[str]:
-    return ["sweep", "erm", "--smoke", "--executor", "function", "--trials", "1", "--replicates", "0",
-            "--name", name, "--storage", str(tmp_path / "runs"),
-            "--tracking-uri", uri, *LONGER_TRIALS]
 
 
 def _start(args: list[str], env: dict, cwd: Path) -> subprocess.Popen:
@@ -122,15 +118,50 @@ def test_the_recorded_processes_of_a_dead_driver_are_stopped_and_a_live_drivers_
             child.wait()
 
 
-def test_after_a_sigkill_results_says_so_and_the_resume_stops_the_dead_drivers_leftovers_and_completes(store_uri, 
+FIT_MARKS = Path(__file__).resolve().parent / "plugin_fixtures" / "fitmarks"  # marks each start of training
+MARKS_VARIABLE = "RAYBENCH_TEST_FIT_MARKS"  # the file it appends to, one line `<tune trial id> <pid>` a start
+
+
+def _two_trials_args(uri: str, tmp_path: Path, name: str) -> list[str]:
+    """Two search trials, one after the other, of ERM from the fitmarks plug-in (it counts training starts)."""
+    return ["sweep", "erm_fitmarks", "--plugin", str(FIT_MARKS), "--smoke", "--executor", "function",
+            "--trials", "2", "--max-concurrent", "1", "--replicates", "0", "--name", name,
+            "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, *LONGER_TRIALS]
+
+
+def _first_record(proc: subprocess.Popen, stage_dir: Path) -> list[Path]:
+    """Wait for the first finished run's record (CompletedRuns) of the stage and return the records there are
+    then. Polled often: the kill must land before Tune's next save of its experiment state (every 10 s or so)
+    can call that trial finished, so the resume finds it unfinished and has only its record to go on."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        records = sorted(stage_dir.glob("completed/*.json"))
+        if records:
+            return records
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.communicate()[1][-3000:]}"
+    raise AssertionError(f"no search trial finished within {WAIT_S} s")
+
+
+def _training_starts(marks: Path) -> Counter:
+    """How many times each Tune trial started training, by the plug-in's marks."""
+    return Counter(line.split()[0] for line in marks.read_text().splitlines()) if marks.is_file() else Counter()
+
+
+def test_after_a_sigkill_results_says_so_and_the_resume_stops_the_dead_drivers_leftovers_and_completes(store_uri,
         tmp_path, sweep_env, capsys):
     """Ray's agents outlive a SIGKILLed driver by about a minute here (90 s seen elsewhere). `results` calls the
     sweep interrupted because its driver is gone and prints the resume line; that resume, a private start a
-    minute sooner, stops the leftovers by the dead driver's record and finishes the one trial, every epoch once."""
-    uri = store_uri
-    proc = _start(_sweep_args(uri, tmp_path, "kill9"), sweep_env, tmp_path)
+    minute sooner, stops the leftovers by the dead driver's record and finishes both trials, every epoch once.
+    The driver is killed just after the first trial finished: Tune's saved state still has that trial running,
+    so the resume starts it again, and the trial must replay its record, not train again (a finished trial
+    trains exactly once in all)."""
+    uri, marks = store_uri, tmp_path / "fit-marks.txt"
+    env = {**sweep_env, MARKS_VARIABLE: str(marks)}
+    args = _two_trials_args(uri, tmp_path, "kill9")
+    proc = _start(args, env, tmp_path)
     try:
-        _trial_mid_run(proc, tmp_path / "runs" / "kill9-search", uri)
+        finished_keys = {path.stem for path in _first_record(proc, tmp_path / "runs" / "kill9-search")}
         session = psutil.Process(proc.pid).children(recursive=True)  # its Ray, trials and agents included
         proc.kill()
     finally:
@@ -138,20 +169,27 @@ def test_after_a_sigkill_results_says_so_and_the_resume_stops_the_dead_drivers_l
     assert session and proc.returncode == -signal.SIGKILL
     shown = cli(["results", "kill9", "--tracking-uri", uri], capsys)
     assert "INTERRUPTED (its driver process is gone)" in shown.stderr + shown.stdout, shown.stderr + shown.stdout
-    assert "resume with: raybench sweep erm" in shown.stderr + shown.stdout and "--resume" in shown.stderr + shown.stdout
+    assert "resume with: raybench sweep erm_fitmarks" in shown.stderr + shown.stdout and "--resume" in shown.stderr + shown.stdout
 
-    resumed = subprocess.run([str(BIN / "raybench"), *_sweep_args(uri, tmp_path, "kill9"), "--resume"], env=sweep_env,
-                             cwd=tmp_path, capture_output=True, text=True, timeout=WAIT_S)
+    resumed = subprocess.run([str(BIN / "raybench"), *args, "--resume"], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=WAIT_S)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _, alive = psutil.wait_procs(session, timeout=20)
     assert not alive, [(p.pid, p.name()) for p in alive]
     ray_root = Path(sweep_env["RAY_TMPDIR"]) / "ray"  # the dead driver's record is dropped, the clean one's too
     assert not list(ray_root.glob(f"session_*/{RECORD_NAME}"))
     trials = json.loads((tmp_path / "runs" / "kill9" / "results" / "summary.json").read_text())["trials"]
-    assert [t["status"] for t in trials] == ["ok"], trials
+    assert [t["status"] for t in trials] == ["ok", "ok"], trials
     search = _runs(uri, "tags.stage = 'search'")
-    assert len(search) == 1 and search[0].info.status == "FINISHED", [(r.info.run_id, r.info.status) for r in search]
-    steps = [m.step for m in MlflowClient(tracking_uri=uri).get_metric_history(search[0].info.run_id, "val/acc")]
-    # Every epoch once: after a SIGKILL the trial goes on from the last checkpoint Tune had saved, so epochs the
-    # dead driver had logged run again; the resumed driver does not log them twice.
-    assert sorted(steps) == [0, 1, 2], steps
+    assert len(search) == 2 and {r.info.status for r in search} == {"FINISHED"}, [(r.info.run_id, r.info.status) for r in search]
+    client = MlflowClient(tracking_uri=uri)
+    for run in search:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val/acc")]
+        # Every epoch once: a trial the kill cut short goes on from the last checkpoint Tune had saved, so epochs
+        # the dead driver had logged may run again; the resumed driver does not log them twice.
+        assert sorted(steps) == [0, 1, 2], steps
+    starts = _training_starts(marks)
+    finished = {r.data.tags["tune_trial_id"] for r in search if r.data.tags["raybench.key"] in finished_keys}
+    assert finished and set(starts) == {r.data.tags["tune_trial_id"] for r in search}, (finished, starts)
+    assert {trial: starts[trial] for trial in finished} == dict.fromkeys(finished, 1), \
+        f"a trial that had finished before the kill trained again after the resume: {starts}"

@@ -1,11 +1,14 @@
 """A `--storage` that fills up: every record is written all or nothing, a sweep ends in one line naming the folder
 (exit 74) with its MLflow parent FAILED for that reason, and `--resume` after space is freed completes exactly.
 
-The full folder is a small tmpfs mounted for the test (root, or passwordless sudo as on CI runners), visible to
-every process on the host: the shared Ray head's trial workers upload checkpoints into it too, so a user namespace
-of the test's own would not do. Where mounting is refused the tests skip saying why, unless
-RAYBENCH_REQUIRE_TMPFS=1 makes that a failure (set it where mounting is known to work). A filler file written by the test takes the free space at a chosen moment,
-and deleting it frees the space for the resume.
+The full folder is a small tmpfs mounted for the test. As root (or with passwordless sudo, as on CI runners) it is
+mounted for every process on the host, the shared Ray head's trial workers included, which upload checkpoints into
+it. Any other user runs each test again in a child pytest that is root of a user and mount namespace of its own
+(`unshare --map-root-user --mount`, open to unprivileged users wherever the kernel allows user namespaces): the
+child mounts the tmpfs there and starts its own Ray head, so every process of its sweep sees the mount. Where
+neither works the tests skip saying why, unless RAYBENCH_REQUIRE_TMPFS=1 makes that a failure (.ci/run sets it). A
+filler file written by the test takes the free space at a chosen moment, and deleting it frees the space for the
+resume.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +37,35 @@ NAME = "full"
 WAIT_S = 420
 TMPFS_MB = 64  # a whole smoke sweep takes about 25 MB once the filler is gone
 HEADROOM = 512 * 1024  # what the filler leaves free: less than any checkpoint (its state.pt alone is about 2.4 MB)
+
+
+REPO = Path(__file__).resolve().parents[1]
+OWN_NAMESPACE = ["unshare", "--map-root-user", "--mount"]  # root of a user namespace, with its own mounts
+
+
+def may_mount() -> bool:
+    """Whether this process may mount a tmpfs: root (of the host, or of the namespace a test was run again in),
+    or passwordless sudo."""
+    if os.geteuid() == 0:
+        return True
+    return shutil.which("sudo") is not None and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0
+
+
+def ran_in_own_namespace(request: pytest.FixtureRequest) -> bool:
+    """False where this process may mount the tmpfs itself. Otherwise this test is run again, in a child pytest
+    that is root of a user and mount namespace of its own, where it may: True once the child has passed it (its
+    output is the failure's message if it did not). No namespace to be had is a skip, or a failure under
+    RAYBENCH_REQUIRE_TMPFS=1."""
+    if may_mount():
+        return False
+    probe = subprocess.run([*OWN_NAMESPACE, "true"], capture_output=True, text=True) if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0:
+        skip_unless_required("cannot mount a tmpfs to fill: not root, no passwordless sudo, and no user namespace "
+                             f"({probe.stderr.strip() if probe else 'no unshare command'})", "RAYBENCH_REQUIRE_TMPFS")
+    child = subprocess.run([*OWN_NAMESPACE, sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p",
+                            "no:cacheprovider", request.node.nodeid], cwd=REPO, capture_output=True, text=True)
+    assert child.returncode == 0, f"in a namespace of its own:\n{child.stdout[-6000:]}\n{child.stderr[-2000:]}"
+    return True
 
 
 @contextmanager
@@ -66,7 +99,9 @@ def partial_files(folder: Path) -> list[Path]:
 
 
 # ----- the writing helpers on a full disk --------------------------------------------------------------------
-def test_a_record_written_to_a_full_disk_keeps_its_previous_version(tmp_path):
+def test_a_record_written_to_a_full_disk_keeps_its_previous_version(tmp_path, request):
+    if ran_in_own_namespace(request):
+        return
     with small_tmpfs(tmp_path / "disk", 1) as disk:
         record = disk / "sweep" / "summary.json"
         record.parent.mkdir()
@@ -86,8 +121,10 @@ def test_a_record_written_to_a_full_disk_keeps_its_previous_version(tmp_path):
         assert [path.name for path in record.parent.iterdir()] == ["summary.json"]
 
 
-def test_ray_uploads_to_a_full_disk_leave_the_previous_file_and_free_their_space(tmp_path):
+def test_ray_uploads_to_a_full_disk_leave_the_previous_file_and_free_their_space(tmp_path, request):
     """What Tune's experiment state and checkpoints go through (Arrow's copy_files into the storage file system)."""
+    if ran_in_own_namespace(request):
+        return
     staged = tmp_path / "staged"
     staged.mkdir()
     (staged / "experiment_state.json").write_text(json.dumps({"trials": ["x" * 64] * 4096}))
@@ -141,7 +178,10 @@ def _runs(uri: str) -> list:
     return client.search_runs([client.get_experiment_by_name("raybench").experiment_id], "")
 
 
-def test_a_sweep_whose_storage_fills_stops_in_one_line_and_resumes_exactly(store_uri, tmp_path, ray_head, capsys):
+def test_a_sweep_whose_storage_fills_stops_in_one_line_and_resumes_exactly(request, tmp_path, capsys):
+    if ran_in_own_namespace(request):  # before the session's head starts: its workers would not see the mount
+        return
+    store_uri, ray_head = request.getfixturevalue("store_uri"), request.getfixturevalue("ray_head")
     uri = store_uri  # the tracking store stays outside the full folder
     with small_tmpfs(tmp_path / "storage", TMPFS_MB) as storage:
         args = on_head(_args(uri, tmp_path, storage), ray_head)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -115,6 +116,49 @@ def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
         "plots/search.png", "plots/curves.png", "plots/id_vs_ood.png"}
     description = parents[0].data.tags["mlflow.note.content"]
     assert f"Selected trial `{smoke_sweep['summary']['selected']['trial_id']}`" in description
+
+
+def tune_reports(stage_dir: Path) -> dict[str, list[dict]]:
+    """What each Tune trial of a stage reported, epoch by epoch, as Tune itself kept it (its result.json lines,
+    written by Tune's own JSON logger, not by raybench), by Tune trial id."""
+    reports: dict[str, list[dict]] = {}
+    for path in stage_dir.glob("*/result.json"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        reports[rows[0]["trial_id"]] = rows
+    return reports
+
+
+def reported_numbers(row: dict) -> dict[str, float]:
+    """The finite numbers the training loop put in one report: not the bookkeeping Tune adds to every result
+    (iteration counts, its clock, the pid), nor strings, flags, the nested config or Nones."""
+    from ray.tune.result import AUTO_RESULT_KEYS
+
+    return {key: float(value) for key, value in row.items() if key not in AUTO_RESULT_KEYS
+            and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)}
+
+
+def test_every_number_each_trial_reported_is_in_its_mlflow_run_at_its_epoch(smoke_sweep):
+    """What the training loop reported to Tune and what MLflow holds, key by key and epoch by epoch: the writer
+    sends a report of some fifty numbers in one log_batch, so a batch that lost any of them, or a step, would
+    pass every check that only looks at a few keys (val/acc, the summary's best values)."""
+    client = MlflowClient(tracking_uri=smoke_sweep["uri"])
+    experiment = client.get_experiment_by_name("raybench")
+    runs = [run for run in client.search_runs([experiment.experiment_id], "")
+            if run.data.tags.get("stage") in ("search", "replicate")]
+    reports = {**tune_reports(smoke_sweep["dir"] / "runs" / "smoke-search"),
+               **{trial: rows for stage in (smoke_sweep["dir"] / "runs").glob("smoke-replicate-*")
+                  for trial, rows in tune_reports(stage).items()}}
+    assert len(runs) == 4 and {run.data.tags["tune_trial_id"] for run in runs} == set(reports)
+    for run in runs:
+        rows = reports[run.data.tags["tune_trial_id"]]
+        assert [int(row["epoch"]) for row in rows] == [0, 1], "a smoke trial reports two epochs"
+        stored: dict[str, set[tuple[int, float]]] = {}
+        for key in {key for row in rows for key in reported_numbers(row)}:
+            stored[key] = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)}
+        assert len(stored) > 30, f"only {len(stored)} numbers a report: not a real trial's report"
+        missing = [(key, int(row["epoch"]), value) for row in rows for key, value in reported_numbers(row).items()
+                   if (int(row["epoch"]), value) not in stored[key]]
+        assert not missing, f"run {run.info.run_name}: reported but not in MLflow (key, step, value): {missing[:10]}"
 
 
 def test_the_selected_checkpoint_rebuilds_and_scores_its_logged_test_accuracy(smoke_sweep, shared_data_dir, tmp_path):

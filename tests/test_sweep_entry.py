@@ -37,11 +37,13 @@ import raybench.sweep.benchmark
 print(json.dumps({"cli": "raybench.cli" in sys.modules, "heavy": heavy}))
 """
 
-# The entry point with its sweep replaced by a wait (no Ray): says "ready", then waits for the test's signal.
+# The entry point with its sweep replaced by a wait (no Ray): makes the sweep's search folder, as a started sweep
+# has (so a resume would be accepted), says "ready", then waits for the test's signal.
 WAITING = """
-import sys, time
+import pathlib, sys, time
 from raybench.sweep import command
 def wait(options):
+    pathlib.Path(options.storage, options.sweep_name("") + "-search").mkdir(parents=True)
     print("ready", flush=True)
     time.sleep(120)
 command._sweep = wait

@@ -55,12 +55,13 @@ def test_an_existing_sweep_is_not_overwritten_without_resume(tmp_path):
         (["sweep", "erm", "--set", "lr=fast"], "--set lr: expected float, got 'fast'"),
         (["sweep", "erm", "--dataset", "nope"], "unknown dataset 'nope'; known: amazon, camelyon17"),
         (["sweep", "erm", "--trials", "0"], "--trials: expected an integer >= 1, got 0"),
-        (["sweep", "erm", "--gpus-per-worker", "-1"], "--gpus-per-worker: expected a finite number >= 0, got -1.0"),
+        (["sweep", "erm", "--gpus-per-worker", "-1"], ("--gpus-per-worker: expected 0 (no GPU), a share of one GPU in "
+                                                        "[0.01, 1] or a whole number of GPUs up to 1,000,000, got '-1'")),
         (["sweep", "erm", "--worker-resource", "raybench_worker"],
          "--worker-resource: expected NAME=AMOUNT, a custom resource such as raybench_worker=1, got 'raybench_worker'"),
         (["sweep", "erm", "--worker-resource", "CPU=1"], "--worker-resource: CPU is not a custom resource"),
         (["sweep", "erm", "--worker-resource", "raybench_worker=0"],
-         "--worker-resource: expected a finite number > 0, got 0.0"),
+         "--worker-resource: expected a finite number >= 0.0001, got 0.0"),
         (["sweep", "erm", "--worker-resource", "a/b=1"], "--worker-resource: expected NAME=AMOUNT"),
     ],
 )

@@ -134,7 +134,7 @@ def test_a_default_spelled_on_request_still_parses_back_and_none_or_off_has_no_w
 
 def test_resource_amounts_and_set_values_are_spelled_so_they_read_back():
     options = SweepOptions(space="erm", trial_resources=(("raybench_slot", 1.0),),
-                           worker_resources=(("w", 1e-7), ("v", 0.1)), extra_fixed={"x": None, "y": True, "z": 0.5})
+                           worker_resources=(("w", 0.0003), ("v", 0.1)), extra_fixed={"x": None, "y": True, "z": 0.5})
     words = command_words(options)
     assert words[words.index("--trial-resource") + 1] == "raybench_slot=1"
     assert ["--set", "x=none", "--set", "y=true", "--set", "z=0.5"] == words[words.index("--set"):]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 import socket
+import threading
 from pathlib import Path
 
 import pytest
+import ray
 from conftest import cli, on_head, run_cli
 from mlflow.tracking import MlflowClient
 
@@ -38,28 +40,43 @@ def test_a_gpu_request_on_a_cpu_cluster_is_refused_before_any_trial(store_uri, e
     assert not (tmp_path / "runs" / "erm-digits-shift-seed0-smoke-search").exists()
 
 
-# Ray's own connection to a dead GCS retries for minutes; the probe answers within its 5 s. This bound covers
-# the CLI's start (imports) on a loaded 2-core machine plus the probe, and is far below Ray's retries, so a
-# sweep that reached ray.init would time out here instead of passing.
-DEAD_ADDRESS_BOUND_S = 60
+@pytest.fixture
+def ray_init_tripwire(monkeypatch) -> threading.Event:
+    """ray.init replaced by a tripwire that sets the returned event and fails: Ray's own connection to a dead
+    GCS retries for minutes, deaf to SIGTERM, so a command that got as far as ray.init did not fail fast, however
+    soon this machine would have let it return."""
+    reached = threading.Event()
+
+    def tripped(*args, **kwargs):
+        reached.set()
+        raise AssertionError("the command reached ray.init")
+
+    monkeypatch.setattr(ray, "init", tripped)
+    return reached
 
 
-def test_a_dead_address_fails_fast_with_one_line(tmp_path, sweep_env):
+def test_a_dead_address_is_refused_in_one_line_before_ray_is_asked(tmp_path, in_private_dirs, monkeypatch,
+                                                                    ray_init_tripwire, capsys):
+    """An --address nobody listens at (and a node temp dir that is not there) is one line, exit 2, and nothing
+    written, decided by raybench's own probe: the sweep never hands the address to ray.init."""
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray-tmp"))  # a private Ray temp dir, should anything look
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = run_cli(["sweep", "erm", *SMOKE, "--address", f"127.0.0.1:{port}", "--storage", str(tmp_path / "runs"),
-                    "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"], sweep_env, tmp_path,
-                   timeout=DEAD_ADDRESS_BOUND_S)
+    args = ["sweep", "erm", *SMOKE, "--address", f"127.0.0.1:{port}", "--storage", str(tmp_path / "runs"),
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    proc = cli(args, capsys)
+    assert not ray_init_tripwire.is_set(), "the sweep handed a dead address to ray.init"
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"raybench: error: --address: no Ray cluster answers at 127.0.0.1:{port}")
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"raybench: error: --address: no Ray cluster answers at 127.0.0.1:{port}"), lines
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists(), "refused after writing"
 
     missing = tmp_path / "no-such-node"  # the node a driver should join, named by a temp dir that is not there
-    proc = run_cli(["sweep", "erm", *SMOKE, "--address", f"127.0.0.1:{port}", "--storage", str(tmp_path / "runs"),
-                    "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"], {**sweep_env, "RAYBENCH_NODE_TEMP_DIR": str(missing)},
-                   tmp_path, timeout=DEAD_ADDRESS_BOUND_S)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == \
+    monkeypatch.setenv("RAYBENCH_NODE_TEMP_DIR", str(missing))
+    proc = cli(args, capsys)
+    assert not ray_init_tripwire.is_set(), "the sweep handed a dead address to ray.init"
+    assert proc.returncode == 2 and proc.stderr.strip() == \
         f"raybench: error: RAYBENCH_NODE_TEMP_DIR={missing} is not a folder; give the temp dir of a running Ray node"
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists(), "refused after writing"
 
@@ -132,9 +149,21 @@ def record_sweep(uri: str, name: str, summary_text: str, tmp_path) -> None:
     tracker.start_sweep(name, params={}, tags={"dataset": "digits-shift", "algorithm": "erm"})
     folder = tmp_path / name / "results"
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(summary_text)
+    (folder / "summary.json").write_text(logged_on(summary_text, tracker.parent_id))
     tracker.log_artifacts(folder, "results")
     tracker.end_sweep("FINISHED")
+
+
+def logged_on(summary_text: str, run_id: str) -> str:
+    """A summary that names its parent run (`mlflow`), re-pointed at the run it is logged on: a sweep's record
+    names its own run, and one naming another is read as a copy (damaged)."""
+    try:
+        data = json.loads(summary_text)
+    except ValueError:
+        return summary_text
+    if not isinstance(data, dict) or not isinstance(data.get("mlflow"), dict):
+        return summary_text
+    return json.dumps({**data, "mlflow": {**data["mlflow"], "run_id": run_id}})
 
 
 @pytest.mark.parametrize("damaged", ['{"name": "cut", "dataset": "digits-', "[]", "{}"])

@@ -123,6 +123,56 @@ def test_a_killed_drivers_unsent_writes_are_sent_on_resume_and_none_twice(sweep,
     assert run.info.status == "RUNNING", "a trial of the journal that runs again is running again"
 
 
+@pytest.fixture(scope="module")
+def trainer_reports(tiny_dataset) -> list[dict[str, float]]:
+    """What a real training loop reports, epoch by epoch: the raybench trainer's own epoch reports (some twenty
+    numbers each: every split's metrics, losses, the budget) on the tiny dataset, best values included."""
+    from raybench.trainer import Callback, TrainConfig, Trainer
+
+    reports: list[dict[str, float]] = []
+
+    class Collect(Callback):
+        def on_epoch_end(self, report) -> None:
+            reports.append(tracking.numeric_metrics(
+                {**report.metrics, **{f"best/{key}": value for key, value in report.best_metrics.items()}}))
+
+    config = TrainConfig.from_flat({"dataset": "tiny", "algorithm": "erm", "device": "cpu", "epochs": 3,
+                                    "max_steps_per_epoch": 2})
+    Trainer(config, dataset=tiny_dataset, callbacks=[Collect()]).fit()
+    return reports
+
+
+@pytest.fixture
+def seeded_sweep(store_uri, tmp_path, monkeypatch):
+    """As `sweep`, in a copy of the session's migrated empty store (no migrations to wait for)."""
+    monkeypatch.setattr(tracking, "PROCESS_STATS", tracking.TrackingStats())
+    parent = SweepTracker(store_uri).start_sweep("writer", params={}, tags={})
+    yield store_uri, parent, tmp_path / "runs" / "writer-search" / tracking.TRIAL_JOURNAL
+    TrialRunWriter.close_all()
+
+
+def test_every_number_of_every_reported_epoch_reaches_the_store(seeded_sweep, trainer_reports):
+    """Each epoch's report goes to MLflow in one log_batch of all its numbers: the store must hold every key at
+    every step, with the value reported, and nothing at a step no epoch reported. A writer that lost some keys
+    of a batch (or a batch) would still pass checks that read one or two keys."""
+    uri, parent, journal = seeded_sweep
+    assert all(len(report) > 20 for report in trainer_reports), "a real report has many numbers"
+    writer = TrialRunWriter.for_stage(uri, parent, journal, resuming=False)
+    writer.submit(RunWrite(WriteKind.OPEN, KEY, run_name=f"search {KEY}", params={"lr": 0.1}, tags={"stage": "search"}))
+    for epoch, report in enumerate(trainer_reports):
+        writer.submit(RunWrite(WriteKind.EPOCH, KEY, metrics=report, step=epoch, timestamp_ms=1_000 + epoch))
+    writer.submit(RunWrite(WriteKind.END, KEY, step=len(trainer_reports) - 1, status="FINISHED"))
+    writer.drain()
+    [run] = runs_of(uri, parent)
+    client = MlflowClient(tracking_uri=uri)
+    keys = {key for report in trainer_reports for key in report}
+    stored = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)) for key in keys}
+    expected = {key: sorted((epoch, report[key]) for epoch, report in enumerate(trainer_reports) if key in report)
+                for key in keys}
+    assert stored == expected, [key for key in keys if stored[key] != expected[key]]
+    assert set(run.data.metrics) == keys, "the store holds a key no epoch reported"
+
+
 def test_a_journal_line_cut_short_by_a_kill_is_dropped(tmp_path):
     journal = tmp_path / tracking.TRIAL_JOURNAL
     whole = trial_writes()

@@ -8,10 +8,14 @@ whose every new file goes to a temporary name, is fsynced and only then renamed 
 raybench.paths.write_atomically) a failed upload leaves the previous version of each file or none, and its
 temporary file is removed, so the space it took is free again for the writes that follow.
 
+The files of Tune's state that its restore unpickles are sealed as they are written (raybench.sweep.state_seal),
+so that a `--resume` can refuse any it did not write.
+
 Imported only where Ray already is (ray_backend, ray_trial): Arrow's file system module costs most of a second.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -21,18 +25,21 @@ import pyarrow
 import pyarrow.fs as pafs
 
 from raybench.paths import write_atomically
+from raybench.sweep import state_seal
 
 
 class AtomicOutput:
     """A file being written: a temporary file beside `path`, renamed over it when closed after successful writes.
     The first failed write removes it at once (Arrow abandons a stream whose write failed without closing it, and
-    its space must be free for the writes that follow); so does dropping it unclosed."""
+    its space must be free for the writes that follow); so does dropping it unclosed. A file of Tune's state
+    (state_seal.is_sealed_name) is hashed as it is written and sealed before it is renamed into place."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.tmp = str(Path(path).with_name(f".{Path(path).name}.{uuid.uuid4().hex[:8]}.partial"))
         self.file = open(self.tmp, "wb")  # noqa: SIM115  (this object is the context manager; it closes the file)
         self.failed = False
+        self.digest = hashlib.sha256() if state_seal.is_sealed_name(Path(path).name) else None
 
     @property
     def closed(self) -> bool:
@@ -40,7 +47,10 @@ class AtomicOutput:
 
     def write(self, data: Any) -> int:
         try:
-            return self.file.write(data)
+            written = self.file.write(data)
+            if self.digest is not None:
+                self.digest.update(memoryview(data).cast("B")[:written])
+            return written
         except BaseException:
             self.abandon()
             raise
@@ -68,6 +78,8 @@ class AtomicOutput:
             if not self.failed:
                 self.file.flush()
                 os.fsync(self.file.fileno())  # a late-allocating file system reports a full disk here
+                if self.digest is not None:
+                    state_seal.seal(Path(self.path), self.digest.digest())
         except BaseException:
             self.failed = True
             raise
@@ -133,7 +145,12 @@ class AtomicLocalFiles(pafs.FileSystemHandler):
         self.local.move(src, dest)
 
     def copy_file(self, src: str, dest: str) -> None:
-        write_atomically(Path(dest), lambda tmp: self.local.copy_file(src, str(tmp)))
+        def copy_and_seal(tmp: Path) -> None:
+            self.local.copy_file(src, str(tmp))
+            if state_seal.is_sealed_name(Path(dest).name):
+                state_seal.seal(Path(dest), hashlib.sha256(tmp.read_bytes()).digest())
+
+        write_atomically(Path(dest), copy_and_seal)
 
     def open_input_stream(self, path: str) -> pyarrow.NativeFile:
         return self.local.open_input_stream(path)

@@ -120,17 +120,17 @@ class DamagedSummary(ValueError):
 
 def sweep_summary(storage: Path, pair: Pair) -> SweepSummary | None:
     """The pair's sweep's results; None before it wrote them; a DamagedSummary naming a file no reader can use."""
-    from raybench.tracking import read_summary
+    from raybench.tracking import read_summary_text
 
     path = storage / pair.sweep / "results" / "summary.json"
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:  # a cut file, stray bytes (UnicodeDecodeError is a ValueError)
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as err:  # unreadable, stray bytes (UnicodeDecodeError is a ValueError)
         raise DamagedSummary(f"{path} is damaged: not JSON ({one_line(str(err))})") from None
-    try:
-        return read_summary(data)
+    try:  # nested too deep, not JSON, not a summary, or another sweep's: RecordErrors
+        return read_summary_text(text, pair.sweep)
     except RecordError as err:
         raise DamagedSummary(f"{path} is damaged: {err}") from None
 

@@ -66,14 +66,42 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         try:
             summary, tracking_uri = _sweep(options)
         except (SweepInterrupted, KeyboardInterrupt) as err:
-            what = str(err) if isinstance(err, SweepInterrupted) else "sweep interrupted"
-            print(f"raybench: {what}; resume with: {resume}", file=sys.stderr)
+            print(f"raybench: {interrupted_line(err, options, argv)}", file=sys.stderr)
             return signals.exit_status
         except StorageFull as err:
-            print(f"raybench: {err}; free space and resume with: {resume}", file=sys.stderr)
+            again = (f"resume with: {resume}" if sweep_options.resume_accepted(options) or _parent_recorded(options)
+                     else f"start it again with: {again_command(argv)}")
+            print(f"raybench: {err}; free space and {again}", file=sys.stderr)
             return 74
     _print_results(summary, tracking_uri)
     return 0
+
+
+def interrupted_line(err: BaseException, options: sweep_options.SweepOptions, argv: Sequence[str]) -> str:
+    """What a stopped sweep says: the command that resumes it, but only when a resume would be accepted. A stop
+    before the sweep had a folder under --storage (while Ray starts, say) left nothing to resume, and a
+    `--resume` would be refused: the same command starts it again."""
+    if isinstance(err, SweepInterrupted):
+        return f"{err}; resume with: {resume_command(argv)}"
+    if sweep_options.resume_accepted(options) or _parent_recorded(options):
+        return f"sweep interrupted; resume with: {resume_command(argv)}"
+    return (f"sweep {options.sweep_name('')!r} interrupted before it started: nothing was recorded under "
+            f"--storage, so there is nothing to resume; start it again with: {again_command(argv)}")
+
+
+def _parent_recorded(options: sweep_options.SweepOptions) -> bool:
+    """Whether the tracking store holds the sweep's parent run: a stop after it was made and before Tune's first
+    folder leaves only that, and `--resume` then accepts the sweep (runner._check_storage_for)."""
+    from raybench.sweep.runner import recorded_in_store
+    from raybench.tracking import default_tracking_uri
+
+    return recorded_in_store(options.tracking_uri or default_tracking_uri(), options.sweep_name(""))
+
+
+def again_command(argv: Sequence[str]) -> str:
+    """The command as typed (credentials redacted), without the --resume that resume_command adds."""
+    command = resume_command(argv)
+    return command if "--resume" in argv else command.removesuffix(" --resume")
 
 
 def _sweep(options: sweep_options.SweepOptions) -> tuple[SweepSummary, str]:

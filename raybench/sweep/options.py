@@ -20,8 +20,10 @@ from typing import Any
 
 from raybench.flag_types import (
     assignment,
-    non_negative_float,
+    cpu_amount,
+    gpu_amount,
     non_negative_int,
+    nonblank,
     number_word,
     positive_float,
     positive_int,
@@ -160,12 +162,15 @@ def shown_address(address: str) -> str:
     return f"{scheme}{sep}***@{netloc.rpartition('@')[2]}{slash}{path}"
 
 
+ADDRESS_WORDS = "host:port (a port 1-65535), ray://host:port or auto"
+
+
 def address_problem(address: str) -> str | None:
     """What is wrong with a cluster address, before anything connects: Ray's own client retries a port it can
     never reach (`127.0.0.1:-1`) for ever. None for `auto`, `host:port` and `ray://host:port` (IPv6 in [])."""
     if address == "auto":
         return None
-    expected = "expected host:port (a port 1-65535), ray://host:port or auto"
+    expected = f"expected {ADDRESS_WORDS}"
     scheme, sep, rest = address.rpartition("://")
     if sep and scheme != "ray":
         return f"{expected}, got the scheme {scheme!r}"
@@ -206,8 +211,9 @@ def cluster_address(flag: str | None) -> str | None:
 
 
 def trial_slot_folder(text: str) -> str:
-    """--trial-slots: an existing folder that holds slot files (trial_slots.py)."""
-    problem = slot_folder_problem(text)
+    """--trial-slots: an existing folder that holds slot files (trial_slots.py); an empty word is refused as
+    such, not looked for in the working folder."""
+    problem = slot_folder_problem(nonblank("a folder of trial slots")(text))
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text
@@ -231,8 +237,8 @@ class SweepOptions:
     sampler: str = option("random", flag="--sampler", choices=SAMPLERS, fixed_on_resume=True)
     max_concurrent: int = option(2, flag="--max-concurrent", parse=positive_int)
     workers_per_trial: int = option(1, flag="--workers-per-trial", parse=positive_int, fixed_on_resume=True)
-    cpus_per_worker: float = option(1.0, flag="--cpus-per-worker", parse=positive_float)
-    gpus_per_worker: float = option(0.0, flag="--gpus-per-worker", parse=non_negative_float)
+    cpus_per_worker: float = option(1.0, flag="--cpus-per-worker", parse=cpu_amount)
+    gpus_per_worker: float = option(0.0, flag="--gpus-per-worker", parse=gpu_amount)
     worker_resources: tuple[tuple[str, float], ...] = option(
         (), flag="--worker-resource", parse=resource_request, repeats=RESOURCES, metavar="NAME=AMOUNT",
         help="a custom Ray resource every trial worker asks for, e.g. raybench_worker=1 to run trials only on the "
@@ -245,11 +251,11 @@ class SweepOptions:
         None, flag="--trial-slots", parse=trial_slot_folder, metavar="FOLDER",
         help="a folder of trial slots on this host that other sweeps share: a trial starts only once it holds a "
              "free one (`raybench benchmark` passes its trial queue on a cluster at --address)")
-    address: str | None = option(None, flag="--address", help="Ray cluster address ('auto' inside a submitted job); "
+    address: str | None = option(None, flag="--address", parse=nonblank(ADDRESS_WORDS), help="Ray cluster address ('auto' inside a submitted job); "
                                                               "default: a private local Ray")
-    tracking_uri: str | None = option(None, flag="--tracking-uri", help="MLflow tracking URI; default: "
+    tracking_uri: str | None = option(None, flag="--tracking-uri", parse=nonblank("an MLflow tracking URI"), help="MLflow tracking URI; default: "
                                                                         "sqlite:///mlflow.db in the working directory")
-    storage: str = option("runs", flag="--storage", help="Tune storage folder (shared storage on a multi-node cluster)")
+    storage: str = option("runs", flag="--storage", parse=nonblank("a folder"), help="Tune storage folder (shared storage on a multi-node cluster)")
     name: str | None = option(None, flag="--name", help="sweep name; default: SPACE-DATASET-seedSEED")
     smoke: bool = option(False, flag="--smoke", help="a few steps per trial (and by default 2 trials, 2 replicates)", fixed_on_resume=True)
     resume: bool = option(False, flag="--resume", help="continue an interrupted sweep of the same name")
@@ -270,11 +276,12 @@ class SweepOptions:
         flag="--set", default_factory=dict, repeats=SETTINGS, metavar="KEY=VALUE",
         help="fix a trainer setting for every trial")
     plugins: tuple[str, ...] = option(
-        (), flag="--plugin", repeats=WORDS, metavar="MODULE|PATH",
+        (), flag="--plugin", parse=nonblank("a module, .py file or package folder"), repeats=WORDS,
+        metavar="MODULE|PATH",
         help="a module, .py file or package folder that registers algorithms, datasets, models or search spaces; "
              "imported in the driver and in every trial and worker (repeatable; also $RAYBENCH_PLUGINS and the "
              "raybench.plugins entry points)")
-    parent_run: str | None = option(None, flag="--parent-run", metavar="RUN_ID",
+    parent_run: str | None = option(None, flag="--parent-run", parse=nonblank("an MLflow run id"), metavar="RUN_ID",
                                     help="nest the sweep's MLflow run under this run (a benchmark passes its own)")
     max_failures: int = internal(2, why="a fixed policy: how often Ray restarts a trial whose worker failed")
     resume_command: str | None = internal(None, why="the sweep's entry point (raybench.sweep.command), from its argv: "
@@ -282,6 +289,27 @@ class SweepOptions:
 
     def sweep_name(self, algorithm: str) -> str:
         return self.name or safe_name(f"{Path(self.space).stem}-{self.dataset}-seed{self.seed}{'-smoke' if self.smoke else ''}")
+
+
+def started_folders(storage: Path, name: str) -> list[Path]:
+    """The folders sweep `name` has under `storage` once it started (its search, results, replicates): a
+    `--resume` is accepted when one exists (or the tracking store holds its parent run), so the interrupted
+    line offers one only then."""
+    own = [folder for folder in (storage / f"{name}-search", storage / name) if folder.exists()]
+    try:
+        return own + sorted(storage.glob(f"{name}-replicate*"))
+    except OSError:  # an unreadable --storage holds no sweep a resume could find
+        return own
+
+
+def resume_accepted(options: SweepOptions) -> bool:
+    """Whether `raybench sweep ... --resume` would find this sweep under its --storage (the runner refuses a
+    resume of a sweep that has no folder there)."""
+    try:
+        storage = Path(options.storage).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):  # a --storage that cannot even be resolved holds no sweep
+        return False
+    return bool(started_folders(storage, options.sweep_name("")))
 
 
 def declaration(field: dataclasses.Field) -> Flag | Internal | None:
@@ -364,6 +392,22 @@ def command_words(options: SweepOptions, spell: Collection[str] = ()) -> list[st
         if field.name in spell or value != default_of(field):
             words += _words(flag, value)
     return words
+
+
+def check_values(options: SweepOptions) -> None:
+    """Each option a flag sets, read back through that flag's own parser from the words that spell it: options
+    the Python API builds (`api.sweep(cpus_per_worker=0.00001, tracking_uri="")`) are held to the same bounds as
+    the command line's, before anything is written. Defaults are valid by construction and skipped. Raises
+    OptionError naming the flag."""
+    for field, flag in flagged():
+        value = getattr(options, field.name)
+        if flag.parse is None or flag.flag is None or value == default_of(field):
+            continue
+        for word in _words(flag, value)[1::2]:  # [flag, word, flag, word, ...]
+            try:
+                flag.parse(word)
+            except (argparse.ArgumentTypeError, ValueError) as err:
+                raise OptionError(f"{flag.flag}: {err}") from None
 
 
 def _words(flag: Flag, value: Any) -> list[str]:

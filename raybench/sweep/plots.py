@@ -18,6 +18,7 @@ Drawing functions return the matplotlib Figure so tests can read the plotted dat
 """
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator, NullFormatter
 
 from raybench.labels import METRIC_LABELS
+from raybench.paths import write_atomically
 from raybench.records import SweepSummary
 from raybench.report_keys import BEST_PREFIX
 from raybench.sweep.importance import Importances, importances
@@ -256,21 +258,30 @@ def comparison_figure(table: DatasetTable) -> Figure:
     return figure
 
 
-def comparison_figures(comparison: Comparison, filename: str) -> dict[str, Figure]:
-    """One figure per dataset: `filename` itself for one, its stem + `-<dataset>` for several."""
+def comparison_names(comparison: Comparison, filename: str) -> list[str]:
+    """The file names of the comparison's figures, one per dataset: `filename` itself for one, its stem +
+    `-<dataset>` for several (what `compare --plot` checks before it draws any)."""
     stem, several = Path(filename).stem, len(comparison.tables) > 1
-    return {(f"{stem}-{t.dataset}.png" if several else filename): comparison_figure(t) for t in comparison.tables}
+    return [(f"{stem}-{t.dataset}.png" if several else filename) for t in comparison.tables]
+
+
+def comparison_figures(comparison: Comparison, filename: str) -> dict[str, Figure]:
+    """One figure per dataset, under its name (comparison_names)."""
+    return {name: comparison_figure(t) for name, t in zip(comparison_names(comparison, filename), comparison.tables)}
 
 
 def save(figures: Mapping[str, Figure], directory: Path) -> list[Path]:
-    """Write each figure as a PNG under `directory` (atomically: a reader never sees half a file) and close it."""
+    """Write each figure as a PNG under `directory`, all or nothing (raybench.paths.write_atomically: a reader
+    never sees half a file, and a write that fails, on a full disk or onto a folder of that name, leaves no
+    temporary file), and close every figure, written or not."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, figure in figures.items():
-        path = directory / name
-        partial = path.with_suffix(".png.partial")
-        figure.savefig(partial, dpi=120, format="png")
-        plt.close(figure)
-        partial.replace(path)
-        written.append(path)
+    try:
+        for name, figure in figures.items():
+            path = directory / name
+            write_atomically(path, functools.partial(figure.savefig, dpi=120, format="png"))
+            written.append(path)
+    finally:
+        for figure in figures.values():
+            plt.close(figure)
     return written

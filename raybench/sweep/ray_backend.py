@@ -67,6 +67,7 @@ from raybench.budget import BUDGET_PREFIX
 from raybench.paths import StorageFull, disk_full_errno_in, inside
 from raybench.records import TrialRecord, TrialStatus
 from raybench.report_keys import BEST_PREFIX, BLIND_INFO, NODE, NOTE_INFO, SELECTION_BEST, TIME_PREFIX
+from raybench.sweep import state_seal
 from raybench.sweep.atomic_storage import atomic_local_filesystem
 from raybench.sweep.errors import ClusterError
 from raybench.sweep.leftovers import forget_driver, record_driver, stop_dead_drivers_leftovers
@@ -480,6 +481,8 @@ def _fit_or_resume(spec: RunSpec, trainable: Any, make_tuner: Callable[[], tune.
     path = str(spec.storage / spec.name)
     slots = TrialSlots.of_this_process(spec.trial_slots) if spec.trial_slots is not None else None
     try:
+        if resume:
+            state_seal.require_sealed(Path(path))  # checked by the driver already; again just before Tune reads it
         if resume and tune.Tuner.can_restore(path, storage_filesystem=atomic_local_filesystem()):
             if slots is not None:
                 slots.take_for_restored(restored_trial_ids(path))

@@ -10,7 +10,6 @@ import concurrent.futures
 import dataclasses
 import gc
 import importlib
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,9 @@ from raybench.data import ShiftDataset, load_dataset
 from raybench.paths import (
     HeldLock,
     LockBusy,
+    StorageFull,
+    UnsafeLockFile,
+    disk_full_error,
     file_lock_problem,
     inside,
     lock_busy,
@@ -36,8 +38,10 @@ from raybench.plugins import runtime_env_modules
 from raybench.records import Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.sweep import options as sweep_options
 from raybench.sweep import results as tables
+from raybench.sweep import state_seal
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.importance import MIN_TRIALS, Importances, importances
+from raybench.sweep.local_cluster import check_local_cluster
 from raybench.sweep.options import SCHEDULERS, SweepOptions, cluster_address  # SweepOptions is imported from here too
 from raybench.sweep.progress import StageProgress, duration
 from raybench.sweep.selection import SELECTIONS
@@ -67,8 +71,9 @@ from raybench.tracking import (
     find_recorded_sweep,
     flatten,
     is_new_sqlite_store,
-    read_summary,
+    read_summary_text,
     redact_uri,
+    storage_problem,
 )
 
 STAGE_TITLES = {"search": "search", "replicate": "replicates"}
@@ -145,10 +150,14 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     uri = options.tracking_uri or default_tracking_uri()
     check_uri(uri)
     name = options.sweep_name(space.algorithm)
-    busy = lock_busy(sweep_lock_path(storage, name))
+    try:
+        busy = lock_busy(sweep_lock_path(storage, name))
+    except UnsafeLockFile as err:
+        raise OptionError(f"--storage: {err}") from None
     if busy is not None:  # a live driver explains an existing (or not yet existing) sweep better than its folders
         raise sweep_busy(name, busy)
-    _check_storage_for(name, storage, options.resume)
+    _check_storage_for(name, storage, options.resume, uri)
+    check_local_cluster(options)  # last: it may import Ray's resource module, which the start needs next anyway
     return Prepared(options, name, resolved, space.algorithm, metric, selection.label(dataset), list(dataset.metric_names), uri, storage,
                     dry_run.epochs, report_layout(dataset))
 
@@ -172,6 +181,7 @@ def report_layout(dataset: ShiftDataset) -> dict[str, Any]:
 
 def check_options(options: SweepOptions) -> None:
     """Every option that can be judged without the cluster: one OptionError naming the flag."""
+    sweep_options.check_values(options)  # the Python API's values, held to the flags' own bounds
     if options.name is not None and name_problem(options.name):
         raise OptionError(f"--name: {name_problem(options.name)}")
     for key in options.extra_fixed:
@@ -192,17 +202,43 @@ def check_options(options: SweepOptions) -> None:
         raise OptionError(f"--storage: {problem}")
 
 
-def _check_storage_for(name: str, storage: Path, resume: bool) -> None:
-    """The sweep's folders stay inside --storage; a new sweep never lands on an old one, and --resume needs one."""
+def _check_storage_for(name: str, storage: Path, resume: bool, uri: str) -> None:
+    """The sweep's folders stay inside --storage; a new sweep never lands on an old one, and --resume needs one,
+    or at least the parent run: a stop between the parent's creation and Tune's first folder leaves only that."""
     folders = [storage / f"{name}-search", storage / name]
     if not all(inside(storage, folder) for folder in folders):
         raise OptionError(f"--name: {name!r} would write outside --storage {str(storage)!r}")
-    exists = any(folder.exists() for folder in folders) or any(storage.glob(f"{name}-replicate*"))
+    exists = bool(sweep_options.started_folders(storage, name))  # as the interrupted line judges a resume
     if exists and not resume:
         raise SweepExists(f"--name: a sweep named {name!r} already exists under {storage}; "
                           f"pass --resume to continue it, or another --name")
-    if resume and not exists:
+    if resume and not exists and not recorded_in_store(uri, name):
         raise OptionError(f"--resume: no sweep named {name!r} under {storage} to resume; leave out --resume to start it")
+    _check_state_sealed([*folders, *storage.glob(f"{name}-replicate*")] if resume else [])
+
+
+def recorded_in_store(uri: str, name: str) -> bool:
+    """Whether the tracking store already holds sweep `name`'s parent run; read only, and never a new store."""
+    if is_new_sqlite_store(uri):
+        return False
+    try:
+        return find_recorded_sweep(uri, name) is not None
+    except Exception:  # noqa: BLE001  (run_sweep meets the store again, and names what is wrong with it)
+        return False
+
+
+def _check_state_sealed(folders: list[Path]) -> None:
+    """The resume key can be read (a new sweep seals its state with it), and on a resume every file of Tune's
+    saved state under the sweep's folders was sealed with it: Tune's restore unpickles them."""
+    try:
+        state_seal.state_key()
+        for folder in folders:
+            if folder.is_dir():
+                state_seal.require_sealed(folder)
+    except state_seal.UnsealedState as err:
+        raise OptionError(str(err)) from None
+    except (state_seal.StateKeyError, OSError) as err:
+        raise OptionError(f"{state_seal.STATE_KEY_ENV}: {err}") from None
 
 
 # ----- one driver per sweep, and a sweep is what it was started as -----------------------------------------
@@ -240,7 +276,11 @@ def take_sweep_lock(prepared: Prepared) -> HeldLock:
         lock = take_lock(path)
     except LockBusy as busy:
         raise sweep_busy(prepared.name, busy) from None
+    except UnsafeLockFile as err:
+        raise OptionError(f"--storage: {err}") from None
     except OSError as err:
+        if disk_full_error(err) is not None:
+            raise StorageFull(prepared.storage, "the sweep lock", disk_full_error(err).errno) from None
         raise OptionError(f"--storage: cannot take the sweep lock {str(path)!r} ({err.strerror or err})") from None
     if lock.previous is not None:
         announce(f"sweep {prepared.name}: taking over the lock of a driver that is gone ({lock.previous.words()})")
@@ -259,7 +299,10 @@ def check_recorded(prepared: Prepared, recorded: RecordedSweep | None) -> None:
     opts, store = prepared.options, redact_uri(prepared.tracking_uri)
     if recorded is not None and not opts.resume:
         raise SweepExists(f"--name: a sweep named {prepared.name!r} already exists in the tracking store {store} "
-                          f"(run {recorded.run_id}); pass --resume (with its --storage) to continue it, or another --name")
+                          f"(run {recorded.run_id}); pass --resume (with its --storage{' ' + recorded.storage if recorded.storage else ''}) "
+                          f"to continue it, or another --name")
+    if recorded is not None and storage_problem(prepared.name, recorded.storage, prepared.storage):
+        raise OptionError(storage_problem(prepared.name, recorded.storage, prepared.storage))
     if recorded is None and opts.resume:
         raise OptionError(f"--resume: sweep {prepared.name!r} has folders under {prepared.storage} but no parent run in "
                           f"the tracking store {store}; resume it with the --tracking-uri it was started with")
@@ -324,8 +367,11 @@ def finished_summary(prepared: Prepared, recorded: RecordedSweep | None) -> Swee
         return None
     path = prepared.storage / prepared.name / "results" / "summary.json"
     try:
-        summary = read_summary(json.loads(path.read_text()))
-    except (OSError, ValueError):  # unreadable, not JSON, or not a summary (RecordError): run it again
+        summary = read_summary_text(path.read_text(), prepared.name, recorded.run_id)
+    except OSError:  # not there, or unreadable: run it again
+        return None
+    except ValueError as err:  # not JSON, nested too deep, not a summary, another sweep's (RecordError): run it again
+        announce(f"sweep {prepared.name}: {path} is damaged ({err}); resuming writes it anew")
         return None
     return summary if summary.finished else None
 
@@ -373,18 +419,23 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
             raise OptionError(f"--parent-run: {err}") from None
     ray_session = RaySession(opts)
     modules = record_modules(opts.trials or 0, bool(prepared.space.search))
-    new_tracker = ray_session.start_beside(lambda: _ready_for_the_end(prepared.tracking_uri, tracker is None, modules))
-    tracker = tracker or new_tracker
+    # A cluster at --address is judged only once joined (check_resources): a new store is made after that, so a
+    # refused request leaves none behind. A private Ray's request was judged before the start (prepare).
+    joining = cluster_address(opts.address) is not None
+    new_tracker = ray_session.start_beside(
+        lambda: _ready_for_the_end(prepared.tracking_uri, tracker is None and not joining, modules))
     try:
         backend = ray_session.backend
         resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker,
                                       opts.max_failures, custom=opts.worker_resources,
                                       per_trial=opts.trial_resources)
         backend.check_resources(resources, opts.executor, opts.autoscaling)
+        tracker = tracker or new_tracker or SweepTracker(prepared.tracking_uri)
         tags = base_tags(opts.dataset, prepared.algorithm)
         if resume_command:
             tags[RESUME_TAG] = resume_command
-        tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags, parent_run=opts.parent_run)
+        tracker.start_sweep(prepared.name, params=_sweep_params(prepared), tags=tags, parent_run=opts.parent_run,
+                            storage=prepared.storage, resuming=opts.resume)
         tracker.set_tags(tracker.parent_id, {LOCK_TAG: f"{lock.path} (host {lock.holder.host}, pid {lock.holder.pid})"})
         try:
             summary = _search_and_replicate(prepared, tracker, ray_session, resources, tags)

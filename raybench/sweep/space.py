@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 
 from raybench.algorithms import ALGORITHMS
 from raybench.data import DATASETS, ShiftDataset
-from raybench.settings import Distribution
+from raybench.settings import Distribution, FieldType
 from raybench.sweep import space_catalog
 from raybench.trainer import ConfigError, TrainConfig
 
@@ -91,6 +92,7 @@ class SearchSpace:
         search = {**self.search, **override.get("search", {})}
         fixed = {**self.fixed, **override.get("fixed", {})}
         derived = {**self.derived, **override.get("derived", {})}
+        _refuse_unsound_merge(self.path, dataset.name, {"search": search, "fixed": fixed, "derived": derived})
         for name in [n for n, rule in derived.items() if rule.rule == "max_batch_size"]:
             fixed.setdefault(name, dataset.defaults.max_batch_size or dataset.defaults.batch_size)
             del derived[name]
@@ -101,7 +103,28 @@ class SearchSpace:
             if param.distribution == "lr":  # its bounds are known only now, on this dataset's centre
                 where = f"datasets.{dataset.name}.search" if name in override.get("search", {}) else "search"
                 _check_lr_range(concrete[name], param, self.path, f"{where}.{name}", self.algorithm, dataset.name, center)
-        return ResolvedSpace(self.algorithm, dataset.name, concrete, fixed, derived, dataset.defaults.epochs, center)
+        resolved = ResolvedSpace(self.algorithm, dataset.name, concrete, fixed, derived, dataset.defaults.epochs, center)
+        for name, param in search.items():
+            where = f"datasets.{dataset.name}.search" if name in override.get("search", {}) else "search"
+            _check_each_value_on(resolved, dataset, param, concrete[name], self.path, f"{where}.{name}")
+        return resolved
+
+
+def _refuse_unsound_merge(path: Path, dataset: str, sections: Mapping[str, Mapping[str, Any]]) -> None:
+    """A file's load refuses these with the exact key (parse_space); a SearchSpace a caller built is taken as it
+    is (raybench.api.load_space), so the merged sections are held to the same two rules here: no setting a sweep
+    sets itself, and each setting in one section."""
+    seen: dict[str, str] = {}
+    for section, values in sections.items():
+        for name, value in values.items():
+            written = list(value.values) if isinstance(value, Param) else value
+            if name in OWN_FLAGS:
+                raise SpaceError(path, f"{section}.{name} on {dataset}", written, _owned_words(name, written))
+            if name in seen:
+                raise SpaceError(path, f"{section}.{name} on {dataset}", written,
+                                 f"no value, since {name!r} is also {SECTION_VERBS[seen[name]]}: a setting is "
+                                 f"searched, fixed or derived in one place, else one value silently wins")
+            seen[name] = section
 
 
 def _check_lr_range(concrete: Param, param: Param, path: Path, key: str, algorithm: str, dataset: str,
@@ -116,6 +139,26 @@ def _check_lr_range(concrete: Param, param: Param, path: Path, key: str, algorit
             raise SpaceError(path, f"{key}.decades", param.decades,
                              f"a range whose ends are each {expected}; on {dataset}, r = {center:g}, so "
                              f"r x 10^+-decades spans [{concrete.low:g}, {concrete.high:g}]") from None
+
+
+def _check_each_value_on(resolved: ResolvedSpace, dataset: ShiftDataset, param: Param, concrete: Param, path: Path,
+                         key: str) -> None:
+    """Every value a search of one setting can hand a trial (each choice, each end of a range), with the space's
+    fixed and derived values, resolved on the dataset as a trial resolves it. The dry run before any cluster work
+    builds one config only (each choice's first value): a second choice naming a model the dataset cannot run, or
+    an augmentation it lacks, would otherwise fail every trial that draws it."""
+    if concrete.distribution == "choice":
+        written = [(f"values[{i}]", value) for i, value in enumerate(concrete.values)]
+    else:  # an `lr` distribution's ends come from its decades
+        ends = ("decades", "decades") if param.distribution == "lr" else ("low", "high")
+        written = list(zip(ends, (concrete.low, concrete.high)))
+    for place, value in written:
+        try:
+            TrainConfig.from_flat(resolved.materialize({param.name: value})).resolve(dataset)
+        except ConfigError as err:
+            detail = err.detail.partition(", got")[0].removeprefix("expected ")
+            blame = detail if err.key == param.name else f"a value under which {err.key} is {detail}"
+            raise SpaceError(path, f"{key}.{place}", value, f"{blame} on {dataset.name}") from None
 
 
 def _concrete(param: Param, lr_center: float) -> Param:
@@ -282,24 +325,49 @@ def load_space(name_or_path: str, folders: Sequence[str | os.PathLike[str]] = ()
 # holds a few hundred; an alias bomb (each level a list of aliases of the one before) holds 10^9 in a few lines,
 # and anything that walks it (validation, an error quoting it, json) takes minutes and gigabytes.
 MAX_YAML_VALUES = 20_000
+# Lists and mappings a file may nest, one inside the other, aliases expanded. The shipped spaces and grids nest at
+# most 6 deep (a dataset's override of a choice); PyYAML composes and constructs by recursion, and repr, json and
+# the checks walk a value the same way, so a few kilobytes of `[` (or a chain of aliases) ended in a RecursionError.
+MAX_YAML_DEPTH = 64
 
 
-def expanded_values(root: yaml.Node) -> float:
-    """How many values the node graph holds with every alias expanded: each node counted once per path to
-    it, computed in one pass over the distinct nodes (an alias is the same node object reached again).
-    A value that contains itself (a recursive alias) expands without end: infinity."""
+def expanded_size(root: yaml.Node) -> tuple[float, float]:
+    """(values, depth) of the node graph with every alias expanded: how many values it holds, each node counted
+    once per path to it, and how many lists and mappings nest at its deepest (a scalar: 0), computed in one pass
+    over the distinct nodes (an alias is the same node object reached again). A value that contains itself (a
+    recursive alias) expands without end: infinity, both."""
     counts: dict[int, float] = {}
+    depths: dict[int, float] = {}
     stack, seen = [root], set()
     while stack:  # post-order without recursion: a deep file cannot exhaust Python's stack
         node = stack[-1]
         if id(node) in seen:
             stack.pop()
             if id(node) not in counts:
-                counts[id(node)] = 1 + sum(counts.get(id(child), math.inf) for child in children(node))
+                kids = children(node)
+                counts[id(node)] = 1 + sum(counts.get(id(child), math.inf) for child in kids)
+                nested = isinstance(node, yaml.CollectionNode)
+                depths[id(node)] = nested + max((depths.get(id(child), math.inf) for child in kids), default=0)
             continue
         seen.add(id(node))
         stack.extend(child for child in children(node) if id(child) not in seen)
-    return counts[id(root)]
+    return counts[id(root)], depths[id(root)]
+
+
+def refuse_deep_text(text: str, path: Path) -> None:
+    """A SpaceError at the first list or mapping nested past MAX_YAML_DEPTH, found in the parser's event stream
+    before anything is composed: PyYAML's parser is a loop, its composer a recursion that a deep file exhausts.
+    It reads no further than that collection, so a file nested a million deep is refused as fast as one of 65."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                kind = "list" if isinstance(event, yaml.SequenceStartEvent) else "mapping"
+                raise SpaceError(path, f"line {event.start_mark.line + 1}", f"a {kind} nested {depth} deep",
+                                 f"lists and mappings nested at most {MAX_YAML_DEPTH} deep")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def children(node: yaml.Node) -> list[yaml.Node]:
@@ -320,13 +388,17 @@ def read_yaml_text(text: str, path: Path) -> Any:
     """`read_yaml` on text already read; errors name `path`."""
     loader = StrictLoader(text)
     try:
+        refuse_deep_text(text, path)
         node = loader.get_single_node()
         if node is None:
             return None
-        values = expanded_values(node)
+        values, depth = expanded_size(node)
         if values > MAX_YAML_VALUES:
             raise SpaceError(path, "file", "endless (a recursive alias)" if math.isinf(values) else int(values),
                              f"at most {MAX_YAML_VALUES:,} values once its aliases are expanded (an alias bomb?)")
+        if depth > MAX_YAML_DEPTH:  # aliases of aliases: each level shallow as written
+            raise SpaceError(path, "file", f"lists and mappings nested {int(depth)} deep",
+                             f"lists and mappings nested at most {MAX_YAML_DEPTH} deep once its aliases are expanded")
         return loader.construct_document(node)
     except DuplicateKeyError as err:
         raise SpaceError(path, f"line {err.line}", err.key,
@@ -345,12 +417,32 @@ def space_from_mapping(data: Mapping[str, Any], label: str = "<mapping>") -> Sea
     path = Path(label)
     if not isinstance(data, Mapping):
         raise SpaceError(path, "(top level)", data, "a mapping with keys algorithm, search, fixed, derived, datasets")
+    _refuse_deep_mapping(data, path)
     try:
         text = yaml.safe_dump(_plain_mapping(data), sort_keys=False)
     except yaml.YAMLError as err:
         raise SpaceError(path, "(top level)", str(err).splitlines()[0], "plain YAML values (text, numbers, "
                                                                         "booleans, lists and mappings)") from None
     return parse_space(read_yaml_text(text, path), path)
+
+
+def _refuse_deep_mapping(data: Mapping[str, Any], path: Path) -> None:
+    """A caller's mapping held to a file's bounds before anything walks it by recursion (_plain_mapping, the YAML
+    writer): lists and mappings nested at most MAX_YAML_DEPTH deep, at most MAX_YAML_VALUES values with a shared
+    part counted once per path to it. A mapping that contains itself nests without end, so it is refused too."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    values = 0
+    while stack:
+        value, outer = stack.pop()
+        values += 1
+        if values > MAX_YAML_VALUES:
+            raise SpaceError(path, "(top level)", f"more than {MAX_YAML_VALUES:,} values",
+                             f"at most {MAX_YAML_VALUES:,} values, a part shared by several counted at each")
+        if isinstance(value, (Mapping, list, tuple)):
+            if outer + 1 > MAX_YAML_DEPTH:
+                raise SpaceError(path, "(top level)", f"lists and mappings nested {outer + 1} deep",
+                                 f"lists and mappings nested at most {MAX_YAML_DEPTH} deep")
+            stack.extend((item, outer + 1) for item in (value.values() if isinstance(value, Mapping) else value))
 
 
 def _plain_mapping(data: Mapping[str, Any]) -> Any:
@@ -381,6 +473,7 @@ def parse_space(data: Any, path: Path) -> SearchSpace:
             raise SpaceError(path, f"datasets.{name}", body, "a mapping with keys search, fixed, derived")
         no_unknown_keys(body, OVERRIDE_KEYS, path, f"datasets.{name}.")
         overrides[str(name)] = _parse_section(body, path, f"datasets.{name}.", algorithm)
+    _refuse_two_places(data, path)
     description = data.get("description", "")
     if not isinstance(description, str):
         raise SpaceError(path, "description", description, "text")
@@ -403,11 +496,42 @@ def _parse_section(data: dict, path: Path, prefix: str, algorithm: str) -> dict[
         _check_value(name, value, path, f"{prefix}fixed.{name}", algorithm)
     derived = {name: _parse_derived(name, spec, path, f"{prefix}derived.{name}", algorithm)
                for name, spec in _mapping(data.get("derived"), path, f"{prefix}derived").items()}
-    clash = set(search) & set(fixed)
-    if clash:
-        name = min(clash)
-        raise SpaceError(path, f"{prefix}fixed.{name}", fixed[name], f"no value, since {name!r} is also searched")
     return {"search": search, "fixed": fixed, "derived": derived}
+
+
+SECTIONS = ("search", "fixed", "derived")
+SECTION_VERBS = {"search": "searched", "fixed": "fixed", "derived": "derived"}
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a file gives a setting its value on one dataset: the section, the key that names it, what it says."""
+
+    section: str
+    key: str
+    value: Any
+    per_dataset: bool
+
+
+def _refuse_two_places(data: dict, path: Path) -> None:
+    """Each setting searched, fixed or derived in one place, at the top and on every dataset once its overrides
+    are merged. Two would each be taken and one silently win (a sampled value over a fixed one, a derived value
+    over a sampled one); a dataset's own section replacing the same section's value above stays an override."""
+    datasets = data.get("datasets") or {}
+    for prefix, override in [("", {}), *((f"datasets.{name}.", body) for name, body in datasets.items())]:
+        places: dict[str, list[Place]] = {}
+        for section in SECTIONS:
+            top, own = data.get(section) or {}, override.get(section) or {}
+            for name in {**top, **own}:
+                place = (Place(section, f"{prefix}{section}.{name}", own[name], True) if name in own else
+                         Place(section, f"{section}.{name}", top[name], False))
+                places.setdefault(name, []).append(place)
+        for name, found in places.items():
+            if len(found) > 1:
+                first, second = sorted(found, key=lambda p: (p.per_dataset, SECTIONS.index(p.section)))[:2]
+                raise SpaceError(path, second.key, second.value,
+                                 f"no value, since {name!r} is also {SECTION_VERBS[first.section]} ({first.key}): "
+                                 f"a setting is searched, fixed or derived in one place, else one value silently wins")
 
 
 def _mapping(value: Any, path: Path, key: str) -> dict[str, Any]:
@@ -423,19 +547,67 @@ def _known_names(algorithm: str) -> set[str]:
     return (set(TrainConfig.field_names()) | hparams) - {"dataset", "algorithm"}
 
 
-def _check_name(name: str, path: Path, key: str, algorithm: str) -> None:
+def _setting_type(name: str, algorithm: str) -> FieldType:
+    """The declared type of a trainer setting or hyperparameter (a trainer setting wins a shared name, as in
+    TrainConfig.from_flat)."""
+    fields = {f.name: f for f in dataclasses.fields(ALGORITHMS.get(algorithm).Hparams)}
+    fields.update({f.name: f for f in dataclasses.fields(TrainConfig)})
+    return FieldType.of(fields[name].type)
+
+
+def _check_name(name: str, path: Path, key: str, algorithm: str, written: Any) -> None:
+    """A name the space may set: a trainer setting or a hyperparameter, and none a sweep sets itself (what
+    `--set` refuses, a file may not say either: a searched seed gives two trials one trial id, a stage_cache
+    writes outside --storage, a selection_metric selects on what --selection does not say)."""
+    if name in OWN_FLAGS:
+        raise SpaceError(path, key, written, _owned_words(name, written))
     if name not in _known_names(algorithm):
         raise SpaceError(path, key, name, f"a trainer setting or a hyperparameter of {algorithm!r}: "
                                           f"{', '.join(sorted(_known_names(algorithm)))}")
 
 
+def _owned_words(name: str, written: Any) -> str:
+    """What a file that sets a sweep's own setting is told; a selection on a test split is named as such."""
+    words = f"no value: a sweep sets {name} through {OWN_FLAGS[name]}"
+    test = next((text for text in _texts(written) if names_test_split(text)), None)
+    if name in SELECTION_SETTINGS and test is not None:
+        words += f"; {test!r} names a test split, and selecting on test is what the protocol forbids"
+    return words
+
+
+def _texts(written: Any) -> list[str]:
+    """The text a written value holds (a fixed value, a choice's values), in file order: where a split is named."""
+    stack, texts = [written], []
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, dict):
+            stack.extend(reversed(list(value.values())))
+        elif isinstance(value, list):
+            stack.extend(reversed(value))
+    return texts
+
+
+def names_test_split(text: str) -> bool:
+    """Whether `text` (a split, or split/metric: `test/acc`, `id_test/acc`, `test_unlabeled`) names a test split."""
+    split = text.partition("/")[0].lower()
+    return "test" in re.split(r"[+_\-\s]", split)
+
+
 def _check_value(name: str, value: Any, path: Path, key: str, algorithm: str) -> None:
-    """Type- and range-check one value the way the trainer will, so a bad file fails before Ray starts."""
-    _check_name(name, path, key, algorithm)
+    """Type- and range-check one value the way the trainer will, so a bad file fails before Ray starts; the value
+    must already be of the setting's type (a file's YAML has types; only the command line's text is coerced)."""
+    _check_name(name, path, key, algorithm, value)
     try:
         TrainConfig.from_flat({"algorithm": algorithm, name: value})
     except ConfigError as err:
         raise SpaceError(path, key, value, err.detail.partition(", got")[0].removeprefix("expected ")) from None
+    setting = _setting_type(name, algorithm)
+    expected = setting.written_expectation(value)
+    if expected:  # a value the trainer would coerce (64.0 to 64, 5 to '5'): the file still wrote another type
+        hint = setting.written_hint(value)
+        raise SpaceError(path, key, value, f"{expected} ({name} is {setting.text}{'; ' + hint if hint else ''})")
 
 
 def _number(spec: dict, field_name: str, path: Path, key: str, limit: float = math.inf) -> float:
@@ -455,7 +627,7 @@ MAX_FACTOR = 100.0  # ratio_epochs: epochs = ceil(factor * E / (k + 1)); WILDS u
 
 
 def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> Param:
-    _check_name(name, path, key, algorithm)
+    _check_name(name, path, key, algorithm, spec)
     if not isinstance(spec, dict):
         raise SpaceError(path, key, spec, "a mapping with a 'distribution' key")
     kind = spec.get("distribution")
@@ -463,13 +635,12 @@ def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> 
         raise SpaceError(path, f"{key}.distribution", kind, f"one of {', '.join(DISTRIBUTIONS)}")
     allowed = {"loguniform": {"low", "high"}, "uniform": {"low", "high"}, "choice": {"values"}, "lr": {"decades"}}[kind]
     no_unknown_keys(spec, allowed | {"distribution"}, path, f"{key}.")
+    setting = _setting_type(name, algorithm)
+    if kind != "choice" and not setting.continuous:
+        raise SpaceError(path, f"{key}.distribution", kind, f"choice (the values to try): {name} is {setting.text}, "
+                                                            f"and {kind} draws real numbers, which no trial can take")
     if kind == "choice":
-        values = spec.get("values")
-        if not isinstance(values, list) or not values:
-            raise SpaceError(path, f"{key}.values", values, "a non-empty list")
-        for i, value in enumerate(values):
-            _check_value(name, value, path, f"{key}.values[{i}]", algorithm)
-        return Param(kind, values=tuple(values), name=name)
+        return Param(kind, values=_choices(name, spec.get("values"), path, key, algorithm), name=name)
     if kind == "lr":
         decades = _number(spec, "decades", path, key, MAX_DECADES) if "decades" in spec else 1.0
         if decades <= 0:
@@ -485,12 +656,33 @@ def _parse_param(name: str, spec: Any, path: Path, key: str, algorithm: str) -> 
     return Param(kind, low=low, high=high, name=name)
 
 
+def _choices(name: str, values: Any, path: Path, key: str, algorithm: str) -> tuple[Any, ...]:
+    """A choice's values, each of the setting's type and range, each once: a value given twice is drawn twice as
+    often, and 3 and 3.0 would train one config under two trial ids."""
+    if not isinstance(values, list) or not values:
+        raise SpaceError(path, f"{key}.values", values, "a non-empty list")
+    for i, value in enumerate(values):
+        _check_value(name, value, path, f"{key}.values[{i}]", algorithm)
+        if value in values[:i]:
+            raise SpaceError(path, f"{key}.values[{i}]", value, f"each value once (also values[{values.index(value)}])")
+    return tuple(values)
+
+
+# What each derived rule gives: a whole number, so only an integer setting can take it (ratio_epochs on lr
+# would silently train at lr = 10).
+RULE_GIVES = {"ratio_epochs": "a whole number of epochs", "max_batch_size": "a batch size"}
+
+
 def _parse_derived(name: str, spec: Any, path: Path, key: str, algorithm: str) -> Derived:
-    _check_name(name, path, key, algorithm)
+    _check_name(name, path, key, algorithm, spec)
     if not isinstance(spec, dict) or spec.get("rule") not in DERIVED_RULES:
         got = spec.get("rule") if isinstance(spec, dict) else spec
         raise SpaceError(path, f"{key}.rule", got, f"one of {', '.join(DERIVED_RULES)}")
     no_unknown_keys(spec, {"rule", "factor"}, path, f"{key}.")
+    setting = _setting_type(name, algorithm)
+    if setting.kind != "int":
+        raise SpaceError(path, f"{key}.rule", spec["rule"], f"a rule for an integer setting: {spec['rule']} gives "
+                                                            f"{RULE_GIVES[spec['rule']]}, and {name} is {setting.text}")
     factor = _number(spec, "factor", path, key, MAX_FACTOR) if "factor" in spec else 2.0
     if factor <= 0:
         raise SpaceError(path, f"{key}.factor", factor, "a positive number")
@@ -504,10 +696,27 @@ SMOKE_FIXED = {"epochs": 2, "max_steps_per_epoch": 4, "patience": None}
 OWN_FLAGS = {"dataset": "--dataset", "algorithm": "the search space's `algorithm:` (another space file)",
              "selection_metric": "--selection (ood_val, id_val, oracle)", "seed": "--seed (the search's seed; "
              "replicate seeds derive from the selected trial)", "stage_cache": "--storage"}
+# The settings that decide what a run is selected on: none may name a test split (selection on test is what the
+# protocol forbids; --selection oracle does it, labelled analysis-only wherever it is shown).
+SELECTION_SETTINGS = ("selection_metric",)
+
+
+def refuse_selection_on_test(settings: Mapping[str, Any]) -> None:
+    """ConfigError for a setting that decides what is selected on (SELECTION_SETTINGS) naming a test split, given
+    on a command line: `raybench train --set selection_metric=test/acc` would pick its best epoch on test."""
+    for name in SELECTION_SETTINGS:
+        value = settings.get(name)
+        if isinstance(value, str) and names_test_split(value):
+            raise ConfigError(name, f"expected a validation split/metric (selecting on test is what the protocol "
+                                    f"forbids; a sweep's --selection oracle does it, labelled analysis-only), "
+                                    f"got {value!r}")
 
 
 def command_line_overrides(smoke: bool, extra_fixed: Mapping[str, Any]) -> dict[str, Any]:
-    """--smoke's presets, then --set: the user named the value, so it wins."""
+    """--smoke's presets, then --set: the user named the value, so it wins. A --set that selects on a test split
+    is a ConfigError (`raybench sweep` refuses any --set of a sweep's own settings before it gets here; `space
+    show` and `draw` show what a sweep would run, and none selects on test through --set)."""
+    refuse_selection_on_test(extra_fixed)
     return {**(SMOKE_FIXED if smoke else {}), **extra_fixed}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor
 
 from raybench.checkpoints import STAGE_MODEL_FILE
-from raybench.paths import write_atomically
+from raybench.paths import open_lock_file, write_atomically
 
 SUMMARY_FILE = "summary.json"
 # Settings that change where or how fast a stage runs, not what it learns.
@@ -68,13 +69,16 @@ class StageCache:
 
     @contextmanager
     def _lock(self, key: str) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / f"{key}.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        fd = open_lock_file(self.directory / f"{key}.lock", create=True)  # a link or FIFO there is refused
+        assert fd is not None  # created when missing
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def _atomic(path: Path, write: Callable[[Path], Any]) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pathlib
 
+from raybench.file_kinds import regular_file
+
 FOLDER = "amazon_v2.1"
 DATA_FILES = ("reviews.csv", "splits/user.csv")
 RELEASE = "RELEASE_v2.1.txt"
@@ -23,4 +25,4 @@ def required_files(unlabeled: bool) -> list[str]:
 def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     """The required files that are not on disk under `root` (the `root_dir` given to wilds)."""
     root = pathlib.Path(root)
-    return [path for path in required_files(unlabeled) if not (root / path).is_file()]
+    return [path for path in required_files(unlabeled) if not regular_file(root / path)]

@@ -18,7 +18,7 @@ import pathlib
 
 import pandas as pd
 
-from raybench.data.wilds.layouts._listing import listdir
+from raybench.data.wilds.layouts._listing import listdir, read_csv, regular_file
 
 LABELED_DIR = "camelyon17_v1.0"
 UNLABELED_DIR = "camelyon17_unlabeled_v1.0"
@@ -30,7 +30,7 @@ def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     """Paths relative to `root` that the copy needs and lacks: fixed files first, then patches in row order."""
     folder = UNLABELED_DIR if unlabeled else LABELED_DIR
     fixed = [f"{folder}/{RELEASE}", f"{folder}/{METADATA}"]
-    missing = [path for path in fixed if not (root / path).is_file()]
+    missing = [path for path in fixed if not regular_file(root / path)]
     patches = patch_paths(root / folder / METADATA)
     if patches is None:
         return missing
@@ -41,7 +41,7 @@ def patch_paths(metadata: pathlib.Path) -> tuple[pd.Series, pd.Series] | None:
     """Each row's patch folder and patch path (relative to the dataset folder), as the loader spells
     them; None if the metadata cannot be read."""
     try:
-        rows = pd.read_csv(metadata, usecols=["patient", "node", "x_coord", "y_coord"], dtype={"patient": "str"})
+        rows = read_csv(metadata, usecols=["patient", "node", "x_coord", "y_coord"], dtype={"patient": "str"})
     except (OSError, ValueError):  # absent, empty, malformed or lacking a column
         return None
     name = "patient_" + rows["patient"] + "_node_" + rows["node"].astype(str)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pathlib
 
+from raybench.file_kinds import regular_file
+
 LABELED = ("civilcomments_v1.0", "all_data_with_identities.csv")
 UNLABELED = ("civilcomments_unlabeled_v1.0", "unlabeled_data_with_identities.csv")
 RELEASE = "RELEASE_v1.0.txt"
@@ -21,4 +23,4 @@ def required_files(unlabeled: bool) -> list[str]:
 def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     """The required files that are not on disk under `root` (the `root_dir` given to wilds)."""
     root = pathlib.Path(root)
-    return [path for path in required_files(unlabeled) if not (root / path).is_file()]
+    return [path for path in required_files(unlabeled) if not regular_file(root / path)]

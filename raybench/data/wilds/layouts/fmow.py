@@ -21,7 +21,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from raybench.data.wilds.layouts._listing import absent
+from raybench.data.wilds.layouts._listing import absent, read_csv, regular_file
 
 DATA_DIR = "fmow_v1.1"
 RELEASE = "RELEASE_v1.1.txt"
@@ -33,7 +33,7 @@ OOD_VAL_START = datetime.datetime(2013, 1, 1, tzinfo=datetime.timezone.utc)  # t
 def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     """Paths relative to `root` that the copy needs and lacks: fixed files first, then images by row."""
     fixed = [METADATA, COUNTRY_MAPPING] if unlabeled else [RELEASE, METADATA, COUNTRY_MAPPING]
-    missing = [f"{DATA_DIR}/{name}" for name in fixed if not (root / DATA_DIR / name).is_file()]
+    missing = [f"{DATA_DIR}/{name}" for name in fixed if not regular_file(root / DATA_DIR / name)]
     rows = read_rows(root / DATA_DIR / METADATA, unlabeled)
     if rows is None:
         return missing
@@ -44,7 +44,7 @@ def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
 def read_rows(metadata: pathlib.Path, unlabeled: bool) -> np.ndarray | None:
     """Row numbers whose image the labeled or unlabeled loader reads; None if the metadata is unreadable."""
     try:
-        table = pd.read_csv(metadata, usecols=["split", "timestamp"])
+        table = read_csv(metadata, usecols=["split", "timestamp"])
         keep = unlabeled_mask(table) if unlabeled else np.asarray(table["split"] != "seq")
     except (OSError, ValueError, TypeError):  # absent, malformed, lacking a column, naive timestamps
         return None

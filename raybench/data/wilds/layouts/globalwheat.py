@@ -8,10 +8,11 @@ of `images/`, not one stat per file.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 
 import pandas as pd
+
+from raybench.data.wilds.layouts._listing import listdir, read_csv, regular_file
 
 LABELED = ("globalwheat_v1.1", "RELEASE_v1.1.txt", "metadata_domain.csv",
            ("official_train.csv", "official_val.csv", "official_test.csv", "fixed_train_val.csv",
@@ -25,7 +26,7 @@ def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     folder_name, release, domains, split_csvs = UNLABELED if unlabeled else LABELED
     folder = pathlib.Path(root) / folder_name
     fixed = [release, domains, *split_csvs]
-    missing = [f"{folder_name}/{name}" for name in fixed if not (folder / name).is_file()]
+    missing = [f"{folder_name}/{name}" for name in fixed if not regular_file(folder / name)]
     images = referenced_images(folder, split_csvs)
     absent = images[~images.isin(listed_images(folder))]
     return missing + [f"{folder_name}/images/{name}" for name in absent]
@@ -33,7 +34,7 @@ def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
 
 def referenced_images(folder: pathlib.Path, split_csvs: tuple[str, ...]) -> pd.Series:
     """Distinct `image_name`s of the split CSVs that exist and parse; unreadable ones are skipped."""
-    names = [read_image_names(folder / name) for name in split_csvs if (folder / name).is_file()]
+    names = [read_image_names(folder / name) for name in split_csvs if regular_file(folder / name)]
     names = [series for series in names if series is not None]
     if not names:
         return pd.Series([], dtype=object)
@@ -42,7 +43,7 @@ def referenced_images(folder: pathlib.Path, split_csvs: tuple[str, ...]) -> pd.S
 
 def read_image_names(path: pathlib.Path) -> pd.Series | None:
     try:
-        return pd.read_csv(path, usecols=["image_name"], dtype={"image_name": str})["image_name"]
+        return read_csv(path, usecols=["image_name"], dtype={"image_name": str})["image_name"]
     except (OSError, ValueError):  # pandas' parse errors are ValueErrors, as is a missing image_name column
         return None
 
@@ -50,6 +51,6 @@ def read_image_names(path: pathlib.Path) -> pd.Series | None:
 def listed_images(folder: pathlib.Path) -> set[str]:
     """Names in `images/` (empty when the directory is absent)."""
     try:
-        return set(os.listdir(folder / "images"))
+        return set(listdir(folder / "images"))
     except OSError:
         return set()

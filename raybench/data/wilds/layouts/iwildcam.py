@@ -18,7 +18,7 @@ import pathlib
 
 import pandas as pd
 
-from raybench.data.wilds.layouts._listing import absent
+from raybench.data.wilds.layouts._listing import absent, read_csv, regular_file
 
 LABELED_DIR = "iwildcam_v2.0"
 UNLABELED_DIR = "iwildcam_unlabeled_v1.0"
@@ -31,7 +31,7 @@ def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     """Paths relative to `root` that the copy needs and lacks: fixed files first, then images in row order."""
     folder, release = (UNLABELED_DIR, UNLABELED_RELEASE) if unlabeled else (LABELED_DIR, LABELED_RELEASE)
     fixed = [f"{folder}/{release}", f"{folder}/{METADATA}"]
-    missing = [path for path in fixed if not (root / path).is_file()]
+    missing = [path for path in fixed if not regular_file(root / path)]
     names = unlabeled_image_names if unlabeled else labeled_image_names
     images = names(root / folder / METADATA)
     if images is None:
@@ -54,6 +54,6 @@ def unlabeled_image_names(metadata: pathlib.Path) -> pd.Series | None:
 
 def _read(metadata: pathlib.Path, column: str) -> pd.DataFrame | None:
     try:
-        return pd.read_csv(metadata, usecols=[column], dtype={column: "str"})
+        return read_csv(metadata, usecols=[column], dtype={column: "str"})
     except (OSError, ValueError):  # absent, empty, malformed or lacking the column
         return None

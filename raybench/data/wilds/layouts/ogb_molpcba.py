@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pathlib
 
+from raybench.file_kinds import regular_file
+
 LABELED, LABELED_PROCESSED_ALIAS, UNLABELED = "ogbg_molpcba", "ogbg_molpcba_pyg", "molpcba_unlabeled"
 PROCESSED = "processed/geometric_data_processed.pt"
 SPLITS = tuple(f"split/scaffold/{name}.csv.gz" for name in ("train", "valid", "test"))
@@ -36,7 +38,7 @@ def required_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     """Paths relative to the WILDS root, in the order they are reported."""
     folder = dataset_folder(root, unlabeled)
     names = ["RELEASE_v1.txt", *CHECKED_EVERY_LOAD[unlabeled]]
-    if not (root / folder / PROCESSED).is_file():
+    if not regular_file(root / folder / PROCESSED):
         names += PROCESSING_INPUTS[unlabeled]
     names += [*SPLITS, SCAFFOLD_IDS[unlabeled]]
     return [f"{folder}/{name}" for name in names]
@@ -45,4 +47,4 @@ def required_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
 def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     """The required files that are not on disk under `root` (the `root_dir` given to wilds)."""
     root = pathlib.Path(root)
-    return [path for path in required_files(root, unlabeled) if not (root / path).is_file()]
+    return [path for path in required_files(root, unlabeled) if not regular_file(root / path)]

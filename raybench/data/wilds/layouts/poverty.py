@@ -19,7 +19,7 @@ import pathlib
 
 import pandas as pd
 
-from raybench.data.wilds.layouts._listing import absent
+from raybench.data.wilds.layouts._listing import absent, read_csv, regular_file
 
 LABELED = ("poverty_v1.1", "RELEASE_v1.1.txt", "dhs_metadata.csv")
 UNLABELED = ("poverty_unlabeled_v1.0", "RELEASE_v1.0.txt", "unlabeled_metadata.csv")
@@ -29,7 +29,7 @@ def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
     """Paths relative to `root` that the copy needs and lacks: fixed files first, then images by row."""
     folder, release, metadata = UNLABELED if unlabeled else LABELED
     fixed = [f"{folder}/{release}", f"{folder}/{metadata}"]
-    missing = [path for path in fixed if not (root / path).is_file()]
+    missing = [path for path in fixed if not regular_file(root / path)]
     n_rows = row_count(root / folder / metadata)
     if n_rows is None:
         return missing
@@ -40,7 +40,7 @@ def missing_files(root: pathlib.Path, unlabeled: bool) -> list[str]:
 def row_count(metadata: pathlib.Path) -> int | None:
     """Rows in the metadata (read through its `country` column, which the loader needs); None if unreadable."""
     try:
-        return len(pd.read_csv(metadata, usecols=["country"]))
+        return len(read_csv(metadata, usecols=["country"]))
     except (OSError, ValueError):  # absent, empty, malformed or lacking the column
         return None
 
