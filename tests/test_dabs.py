@@ -325,7 +325,8 @@ def test_emix_end_to_end_pretrains_then_fine_tunes(tiny_dataset, tmp_path):
 
 def test_linear_transfer_encodes_each_input_once_with_the_transferred_featurizer(tiny_dataset, tmp_path):
     """Features remembered before the pre-trained featurizer arrives are dropped, so the head reads the new
-    featurizer's features; after that an input is encoded once however often it is predicted or trained on."""
+    featurizer's features; after that an input is encoded once however often it is predicted, and a training row once
+    however often it is trained on."""
     config = emix_config(tmp_path)
     algorithm = build_algorithm("emix", small_model(tiny_dataset), config.resolve(tiny_dataset).hparams,
                                 context_for(tiny_dataset))
@@ -338,9 +339,11 @@ def test_linear_transfer_encodes_each_input_once_with_the_transferred_featurizer
     logits = algorithm.predict(x)
     assert torch.equal(algorithm.predict(x), logits) and encoded == [len(x)]
     algorithm.train()
-    algorithm(tiny_dataset.split("val").take(torch.arange(8)), None, 0)  # rows predicted before: not re-encoded
+    rows = tiny_dataset.split("train").take(torch.arange(8))  # a training batch is remembered by its example ids
+    algorithm(rows, None, 0)
+    algorithm(rows, None, 1)  # trained on before: not re-encoded
     hook.remove()
-    assert encoded == [len(x)]
+    assert encoded == [len(x), len(rows)]
     with torch.no_grad():
         expected = algorithm.model(tiny_dataset.views.plain(x))
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)

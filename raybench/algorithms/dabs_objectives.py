@@ -100,13 +100,13 @@ class DabsPretext(PretrainThenTransfer, Algorithm):
             assert unlabeled is not None, f"the {self.name} pretext phase trains on unlabeled batches"
             return self.pretext_objective(self.context.views.plain(unlabeled.x))
         assert labeled is not None
-        loss = self.supervised_loss(self.model.head(self.frozen_features(labeled.x)), labeled.y)
+        loss = self.supervised_loss(self.model.head(self.frozen_features(labeled.x, labeled.index)), labeled.y)
         return StepOutput(loss, {"loss/supervised": loss.detach()})
 
     @torch.no_grad()
-    def frozen_features(self, x: Any) -> Tensor:
-        """The transferred featurizer's features of the plain view, each input encoded once (FeatureMemo)."""
-        return self.feature_memo(self.context.views.plain(x), self.model.featurizer)
+    def frozen_features(self, x: Any, train_ids: Tensor) -> Tensor:
+        """The transferred featurizer's features of the plain view of train rows, each encoded once (FeatureMemo)."""
+        return self.feature_memo(self.context.views.plain(x), self.model.featurizer, train_ids)
 
     def scoring_model(self) -> nn.Module:
         return RememberedFeatures(self.model, self.feature_memo) if self.linear_transfer else self.model

@@ -94,6 +94,12 @@ def content_keys(x: Any) -> list[Hashable] | None:
     return None
 
 
+def train_keys(ids: Tensor) -> list[Hashable]:
+    """One key per row of a train-split batch, from its example ids: a host tensor (`Batch.to` leaves `index` on
+    the host), so reading it does not wait for the device."""
+    return [("train", i) for i in ids.tolist()]
+
+
 def take_rows(x: Any, rows: list[int]) -> Any:
     return x[torch.tensor(rows, dtype=torch.long, device=x.device)] if isinstance(x, Tensor) else [x[i] for i in rows]
 
@@ -105,7 +111,9 @@ class FeatureMemo:
     evaluation splits every epoch would be nearly all of its cost. Remembering the features is exact, not an
     approximation: the featurizer takes no gradient and stays in eval mode, and the plain view has no
     randomness, so an input's features cannot change until the featurizer is replaced, which `clear`s the memo.
-    Keys are content (see `content_keys`), not split indices, because evaluation passes inputs without them.
+    A training batch's rows are keyed by their train-split example ids (`Batch.index`, which stays on the host),
+    so a training step never reads its device tensors back; evaluation passes inputs without ids, keyed by
+    content (see `content_keys`), once per epoch. The two key kinds never collide, so neither can be mistaken.
     """
 
     def __init__(self, max_bytes: int = FEATURE_MEMO_BYTES) -> None:
@@ -118,9 +126,10 @@ class FeatureMemo:
         self.features.clear()
         self.kept_bytes = 0
 
-    def __call__(self, x: Any, encode: Callable[[Any], Tensor]) -> Tensor:
-        """encode(x), reading the rows seen before from the memo and encoding only the others."""
-        keys = content_keys(x)
+    def __call__(self, x: Any, encode: Callable[[Any], Tensor], train_ids: Tensor | None = None) -> Tensor:
+        """encode(x), reading the rows seen before from the memo and encoding only the others; `train_ids` are
+        the rows' example ids when x is a batch of the train split."""
+        keys = content_keys(x) if train_ids is None else train_keys(train_ids)
         if keys is None:
             return self.encoded(x, encode)
         first_rows: dict[Hashable, int] = {}  # an unseen key's first row: a repeated input is encoded once
@@ -193,9 +202,10 @@ class FrozenFeaturizer(Algorithm):
         return {"features_from": featurizer_source(self.model, self.hparams.features_from, context.seed)}
 
     @torch.no_grad()
-    def features(self, x: Any) -> Tensor:
-        """Frozen features of the plain (unaugmented) view: NeWT and DABS evaluate without augmentation."""
-        return self.feature_memo(self.view(x, False), self.model.featurizer)
+    def features(self, x: Any, train_ids: Tensor | None = None) -> Tensor:
+        """Frozen features of the plain (unaugmented) view: NeWT and DABS evaluate without augmentation;
+        `train_ids` as `FeatureMemo` takes them."""
+        return self.feature_memo(self.view(x, False), self.model.featurizer, train_ids)
 
     def scoring_model(self) -> nn.Module:
         return RememberedFeatures(self.model, self.feature_memo)

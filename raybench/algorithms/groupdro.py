@@ -24,7 +24,7 @@ class GroupDROHparams(Hparams):
 def group_losses(losses: Tensor, groups: Tensor, n_groups: int) -> tuple[Tensor, Tensor]:
     """Mean loss of every group in the batch (0 where absent) and which groups are present."""
     sums = torch.zeros(n_groups, device=losses.device, dtype=losses.dtype).index_add(0, groups, losses)
-    counts = torch.bincount(groups, minlength=n_groups).to(losses.dtype)
+    counts = torch.zeros_like(sums).index_add(0, groups, torch.ones_like(losses))  # bincount's size waits on the device
     return sums / counts.clamp(min=1), counts > 0
 
 

@@ -25,5 +25,5 @@ class LinearEval(FrozenFeaturizer):
         return self.take_featurizer(context)
 
     def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
-        loss = self.supervised_loss(self.model.head(self.features(labeled.x)), labeled.y)
+        loss = self.supervised_loss(self.model.head(self.features(labeled.x, labeled.index)), labeled.y)
         return StepOutput(loss, {"loss/supervised": loss.detach()})

@@ -13,6 +13,7 @@ from raybench.algorithms.pretext import PretrainHparams, PretrainThenTransfer, p
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind
 from raybench.models.base import FeaturizerHead
+from raybench.models.text import prepared_attention_mask
 from raybench.settings import AT_LEAST_ONE, OPEN_FRACTION, POSITIVE, setting
 
 
@@ -64,10 +65,12 @@ def masked_batch(texts: Sequence[str], tokenizer: Any, collator: Any, max_length
 def masked_lm_loss(mlm: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     """(mean cross-entropy over the masked positions, accuracy of the predicted masked tokens)."""
     device = mlm.get_input_embeddings().weight.device
+    attention = prepared_attention_mask(mlm, batch["attention_mask"])  # from the host copy (see there)
     batch = {k: v.to(device) for k, v in batch.items()}
-    out = mlm(**batch)
+    out = mlm(**{**batch, "attention_mask": attention})
     masked = batch["labels"] != -100
-    accuracy = (out.logits.detach().argmax(-1)[masked] == batch["labels"][masked]).float().mean()
+    hits = (out.logits.detach().argmax(-1) == batch["labels"]) & masked  # a masked mean: no wait for the count
+    accuracy = hits.float().sum() / masked.sum()
     return out.loss, accuracy
 
 

@@ -172,5 +172,5 @@ class NeWTProbe(FrozenFeaturizer):
         """The probe's loss on a batch, for reporting only: nothing here takes a gradient (the trainer does
         not call it, since the probe is fit in closed form)."""
         with torch.no_grad():
-            loss = self.supervised_loss(self.model.head(self.features(labeled.x)).float(), labeled.y)
+            loss = self.supervised_loss(self.model.head(self.features(labeled.x, labeled.index)).float(), labeled.y)
         return StepOutput(loss, {"loss/supervised": loss})

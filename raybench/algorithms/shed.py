@@ -35,19 +35,16 @@ def shuffle_sources(padding: Tensor, fraction: float, generator: torch.Generator
 
     Per example, k random real (non-padding) positions p_1..p_k take the embeddings of p_k, p_1, ..., p_(k-1):
     a cyclic shift among themselves (DABS App. B), so every chosen position receives another's embedding.
+    All rows at once, on the device (`generator`, if given, is on it): the real positions in a random order (padding
+    last), the first k = `shuffle_count` of them chosen; nothing waits for a row's length on the host.
     """
     b, length = padding.shape
-    positions = torch.arange(length, device=padding.device)
-    sources = positions.expand(b, length).clone()
-    for row in range(b):
-        real = positions[~padding[row]]
-        k = shuffle_count(len(real), fraction)
-        if k == 0:
-            continue
-        order = torch.randperm(len(real), generator=generator, device="cpu").to(padding.device)
-        chosen = real[order[:k]]
-        sources[row, chosen] = chosen.roll(1)
-    return sources
+    ranks = torch.arange(length, device=padding.device).expand(b, length)
+    n_real = (~padding).sum(1, keepdim=True)
+    k = torch.where(n_real < 2, 0, (n_real.double() * fraction).ceil().long().clamp(min=2).minimum(n_real))
+    order = torch.rand(b, length, generator=generator, device=padding.device).masked_fill(padding, 2.0).argsort(1)
+    previous = order.gather(1, (ranks - 1) % k.clamp(min=1))  # the r-th chosen takes the (r-1)-th's, the first the k-th's
+    return ranks.scatter(1, order, torch.where(ranks < k, previous, order))
 
 
 def shuffle_embeddings(tokens: Tensor, sources: Tensor) -> Tensor:
@@ -99,11 +96,12 @@ class ShED(DabsPretext):
         logits = self.detector(states)
         loss = shed_loss(logits, moved, padding)
         real = ~padding
-        fraction = masked_mean(moved.float(), real).item()
+        fraction = masked_mean(moved.float(), real)
         correct = (logits.detach().argmax(-1) == moved.long()).float()
+        p = fraction.double()  # binary_entropy(fraction) on the device: xlogy(0, 0) = 0 at either end
         return StepOutput(loss, {"loss/shed": loss.detach(), "shed/token_acc": masked_mean(correct, real),
-                                 "shed/moved_fraction": torch.tensor(fraction),
-                                 "shed/never_moved_nats": torch.tensor(binary_entropy(fraction))})
+                                 "shed/moved_fraction": fraction,
+                                 "shed/never_moved_nats": -(torch.xlogy(p, p) + torch.xlogy(1 - p, 1 - p))})
 
     def objective_settings(self) -> dict[str, Any]:
         return {"shuffle_fraction": self.hparams.shuffle_fraction}

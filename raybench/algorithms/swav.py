@@ -88,8 +88,10 @@ def colour_views(x: Tensor) -> Tensor:
 
 
 def prototypes_in_use(high: list[Tensor]) -> Tensor:
-    """How many prototypes are some crop's nearest prototype: collapse shows as a handful."""
-    return torch.cat([h.argmax(-1) for h in high]).unique().numel() * torch.ones(())
+    """How many prototypes are some crop's nearest prototype: collapse shows as a handful. Counted by marking
+    each nearest prototype in a fixed-size table, as `unique` would make the host wait for its output size."""
+    nearest = torch.cat([h.argmax(-1) for h in high])
+    return torch.zeros(high[0].shape[-1], device=nearest.device).index_fill_(0, nearest, 1.0).sum()
 
 
 @register("swav")

@@ -379,6 +379,15 @@ class ShiftDataset:
             return self
         raise ValueError(f"dataset {self.name!r} has a fixed input size {self.input_shape}")
 
+    def decoding_on(self, device: torch.device) -> ShiftDataset:
+        """The same data with image files decoded on `device` when batches move there (image_decoding=device).
+
+        Only datasets that read encoded image files can: the WILDS JPEG dataset overrides this. Every other
+        dataset is a one-line ValueError, which the Trainer reports as a ConfigError on image_decoding.
+        """
+        raise ValueError(f"dataset {self.name!r} keeps its inputs decoded in memory: image_decoding=device needs "
+                         f"a WILDS image dataset stored as JPEG (iwildcam)")
+
     def release_readers(self) -> None:
         """Stop the threads of inputs read from disk (their decode pools); they start again on the next read."""
         for split in self.splits.values():

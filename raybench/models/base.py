@@ -26,6 +26,13 @@ class FeaturizerHead(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.featurizer(x))
 
+    def compile_parts(self) -> list[nn.Module]:
+        """What the `compile` setting hands to torch.compile: the featurizer's own choice where it makes one (a text
+        featurizer names its encoder, leaving out the tokenizer, which works on Python strings), else the whole
+        featurizer; and the head."""
+        own = getattr(self.featurizer, "compile_parts", None)
+        return [*(own() if callable(own) else [self.featurizer]), self.head]
+
     def fit_loss(self, x: object, y: object, criterion: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
         """The training loss on inputs `x` with targets `y`.
 

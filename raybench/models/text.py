@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from raybench.models.base import FeaturizerHead
@@ -45,12 +46,32 @@ def check_model_folder(weights: Path | None, model: str) -> Path:
     return folder
 
 
+def prepared_attention_mask(model: Any, padding_mask: Tensor) -> Tensor | None:
+    """The attention mask the transformers `model` would build from the tokenizer's (host) padding mask, built here instead.
+
+    Given a 2-D mask, transformers checks on the device whether any token is padding, to drop the mask when none
+    is (the fast attention kernels take no mask); that check makes the host wait for the GPU at every forward.
+    The same check runs here on the host copy, before it moves: no padding gives no mask, as the library's own
+    check would; padding gives the library's own 4-D mask for the configured attention, which it then uses as is.
+    Attention implementations other than SDPA and eager are handed the 2-D mask, as before.
+    """
+    from transformers.masking_utils import create_bidirectional_mask
+
+    device = model.get_input_embeddings().weight.device
+    if model.config._attn_implementation not in ("sdpa", "eager"):
+        return host_to(device, padding_mask)
+    if padding_mask.all():
+        return None
+    shape_only = torch.empty(*padding_mask.shape, 0, dtype=model.dtype, device=device)  # as the embeddings' output
+    return create_bidirectional_mask(model.config, shape_only, host_to(device, padding_mask),
+                                     allow_is_bidirectional_skip=False)
+
+
 class TextFeaturizer(nn.Module):
     """Raw strings -> the encoder's first-token hidden state, [batch, hidden_size]."""
 
     def __init__(self, folder: Path, max_length: int) -> None:
         super().__init__()
-        import torch
         from transformers import AutoModel, AutoTokenizer
 
         # float32 whatever the checkpoint stores: transformers 5 loads a half-precision checkpoint (common on the
@@ -72,10 +93,26 @@ class TextFeaturizer(nn.Module):
                                  padding="longest", return_tensors="pt")
         device = self.encoder.get_input_embeddings().weight.device
         # only what the encoder accepts (DistilBERT has no token_type_ids)
-        return {k: encoded[k].to(device) for k in self.tokenizer.model_input_names if k in encoded}
+        inputs = {k: host_to(device, encoded[k]) for k in self.tokenizer.model_input_names if k in encoded}
+        if "attention_mask" in inputs:
+            inputs["attention_mask"] = prepared_attention_mask(self.encoder, encoded["attention_mask"])
+        return inputs
 
     def forward(self, texts: Sequence[str]) -> Tensor:
         return self.encoder(**self.tokenize(texts)).last_hidden_state[:, 0]
+
+    def compile_parts(self) -> list[nn.Module]:
+        """The encoder alone for the `compile` setting: the tokenizer works on Python strings, which torch.compile
+        cannot trace."""
+        return [self.encoder]
+
+
+def host_to(device: torch.device, tokens: Tensor) -> Tensor:
+    """Token ids made on the host, copied to `device`: through page-locked memory to a GPU, so the copy is queued
+    behind the step's work instead of waiting for it."""
+    if device.type != "cuda":
+        return tokens.to(device)
+    return tokens.pin_memory().to(device, non_blocking=True)
 
 
 @MODELS.register("distilbert")

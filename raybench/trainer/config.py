@@ -33,12 +33,14 @@ from raybench.settings import (
     find_problem,
     setting,
 )
-from raybench.trainer.optim import OPTIMIZERS, SCHEDULES
+from raybench.trainer.optim import OPTIMIZER_IMPLS, OPTIMIZERS, SCHEDULES, impl_problem
 
 DEVICE_PATTERN = re.compile(r"cuda(?::(\d+))?")
 MAX_INPUT_SIZE = 16_384  # px a side: WILDS reads at most 448 (iWildCam); past this no image fits in memory
 DEVICE_PATTERN_TEXT = r"auto|cpu|" + DEVICE_PATTERN.pattern
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+COMPILE_MODES = ("none", "default", "reduce-overhead")  # torch.compile's modes the trainer offers
+IMAGE_DECODINGS = ("host", "device")
 
 
 @dataclass
@@ -90,6 +92,19 @@ class TrainConfig:
     memory_format: str = setting("auto", allowed=Allowed(choices=MEMORY_FORMATS),
                                  help="how convolution weights are laid out in memory; auto: channels_last on a "
                                       "CPU (oneDNN's faster layout for convolutions), contiguous on a GPU")
+    compile: str = setting("none", allowed=Allowed(choices=COMPILE_MODES),
+                           help="torch.compile the model's featurizer and head; reduce-overhead adds CUDA graphs, for "
+                                "small launch-bound batches on a GPU; none: eager")
+    optimizer_impl: str = setting("auto", allowed=Allowed(choices=OPTIMIZER_IMPLS),
+                                  help="PyTorch's implementation of sgd/adam/adamw; auto: fused where PyTorch has it "
+                                       "(it skips a non-finite update on the device), else foreach")
+    divergence_check_every: int = setting(0, allowed=COUNT,
+                                          help="steps between the host's reads of the device's non-finite-loss flag; "
+                                               "0: at each epoch's end (a bad update is skipped on the device either "
+                                               "way)")
+    image_decoding: str = setting("host", allowed=Allowed(choices=IMAGE_DECODINGS),
+                                  help="where a WILDS dataset's JPEG files are decoded: host threads, or the training "
+                                       "device (nvJPEG on a GPU)")
     prefetch: int = setting(2, allowed=COUNT, help="batches read ahead of the step computing when inputs "
                                                             "come from disk; 0: read on demand")
     input_size: int | None = setting(None, allowed=Allowed(low=8, limit=MAX_INPUT_SIZE), help="images read and models built at N x N "
@@ -151,6 +166,9 @@ class TrainConfig:
             raise ConfigError(problem.name, problem.detail)
         for key in self.field_names():  # float settings declared without a range
             refuse_non_finite(key, getattr(self, key))
+        impl = impl_problem(self.optimizer, self.optimizer_impl) if self.optimizer else None
+        if impl:
+            raise ConfigError("optimizer_impl", impl)
         hparam_types = {f.name: f.type for f in dataclasses.fields(ALGORITHMS.get(self.algorithm).Hparams)}
         for key, value in self.hparams.items():
             if key not in hparam_types:
@@ -226,6 +244,13 @@ class TrainConfig:
                 dataset.at_input_size(self.input_size)
             except ValueError as err:
                 raise ConfigError("input_size", str(err)) from None
+        if self.image_decoding == "device":
+            import torch
+
+            try:
+                dataset.decoding_on(torch.device("cpu"))
+            except ValueError as err:
+                raise ConfigError("image_decoding", str(err)) from None
         if self.model not in MODELS:
             raise ConfigError("model", f"expected one of {', '.join(MODELS.names())}, got {self.model!r}")
         needed = ALGORITHMS.get(self.algorithm).models

@@ -58,13 +58,37 @@ from raybench.report_keys import SELECTION_BEST, SELECTION_BLIND, STAGE_WEIGHTS_
 from raybench.trainer.batches import balanced_batches, cycle_batches, epoch_batches, multiset_batches, weighted_batches
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 from raybench.trainer.config import ConfigError, TrainConfig
-from raybench.trainer.optim import Schedule, build_optimizer, build_schedule
+from raybench.trainer.optim import GuardedStep, Schedule, build_optimizer, build_schedule
 from raybench.trainer.rng import capture_rng, derived_seed, preserved_rng, restore_rng, seed_everything, seeded_rng
 from raybench.trainer.stages import StageCache, stage_key
 
 
 class DivergenceError(RuntimeError):
-    """The loss became NaN or infinite; raised before the bad gradient touches any weight."""
+    """The loss became NaN or infinite. No weight was updated with it or after it: the step was skipped on the device
+    (`GuardedStep`), and this is raised at the next point where the host reads the device anyway."""
+
+
+class DivergenceWatch:
+    """The first non-finite loss of an epoch, noticed on the device, so a step never waits for the GPU to say
+    whether its loss was finite (`bool(loss.isfinite())` would, every step). The host reads it at the epoch's end
+    or every `divergence_check_every` steps; until then `seen` cancels every optimiser step on the device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.seen = torch.zeros((), dtype=torch.bool, device=device)
+        self.first_step = torch.full((), -1, dtype=torch.long, device=device)
+        self.loss = torch.zeros((), dtype=torch.float32, device=device)
+
+    def observe(self, finite: Tensor, loss: Tensor, step: int) -> None:
+        first = ~finite & ~self.seen
+        self.first_step = torch.where(first, step, self.first_step)
+        self.loss = torch.where(first, loss.detach().float(), self.loss)
+        self.seen = self.seen | first
+
+    def first_divergence(self) -> tuple[int, float] | None:
+        """(step, loss) of the first non-finite loss, or None: one read of the device."""
+        if not bool(self.seen):
+            return None
+        return int(self.first_step), float(self.loss)
 
 
 @dataclass
@@ -122,12 +146,13 @@ class Shard:
         """This rank's share of a global batch; every rank draws the same global batch from the same generator."""
         return index[self.rank::self.world_size] if self.world_size > 1 else index
 
-    def all_finite(self, loss: Tensor) -> bool:
-        """Whether the loss is finite on every rank, so all ranks stop together instead of hanging in backward."""
+    def finite_everywhere(self, loss: Tensor) -> Tensor:
+        """Whether the loss is finite on every rank, as a device tensor the host does not read: every rank then
+        skips the same updates and stops at the same check, instead of one leaving DDP's next all-reduce waiting."""
         finite = torch.isfinite(loss.detach()).to(torch.int32)
         if self.world_size > 1:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        return bool(finite)
+        return finite.bool()
 
     def any_rank(self, flag: bool, device: torch.device) -> bool:
         """Whether any rank says yes, so all ranks act together (one rank leaving the loop alone would leave
@@ -150,9 +175,18 @@ def channels_last_for(memory_format: str, device: torch.device) -> bool:
     follows its weights, so every later convolution runs channels-last. A forward pass gives the same values up
     to float rounding; training carries that rounding forward, so a run is as deterministic in either layout but
     reproduces a run of the other only closely (`memory_format=contiguous` reproduces runs from before the
-    setting). The speed is measured in benchmarks/memory_format.py; the benchmarks that race the trainer against a
+    setting). The speed is measured in benchmarks/settings_ab.py; the benchmarks that race the trainer against a
     hand-written loop give that loop the same layout."""
     return memory_format == "channels_last" or (memory_format == "auto" and device.type == "cpu")
+
+
+def compile_model(model: FeaturizerHead, mode: str) -> None:
+    """torch.compile the model's parts in place (`nn.Module.compile`: its state_dict keys stay as they are, so
+    checkpoints load into an eager model); `mode` is the `compile` setting, "none" leaves it eager."""
+    if mode == "none":
+        return
+    for part in model.compile_parts():
+        part.compile(mode=mode)
 
 
 class Trainer:
@@ -175,6 +209,8 @@ class Trainer:
         self.device = choose_device(self.config.device)
         if self.device.type == "cuda" and self.shard.world_size > 1:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if self.config.image_decoding == "device":
+            self.dataset = self._decoding_on_device(self.dataset)
         self.train_split = self.dataset.split("train")
         algorithm_cls = ALGORITHMS.get(self.config.algorithm)
         self.pretext = algorithm_cls.is_pretext(self.config.typed_hparams)
@@ -204,6 +240,13 @@ class Trainer:
             raise ConfigError("model_weights", str(err)) from None
         return model.to(memory_format=torch.channels_last) if self.channels_last else model
 
+    def _decoding_on_device(self, dataset: ShiftDataset) -> ShiftDataset:
+        """The dataset reading encoded files on the host and decoding them where the model trains."""
+        try:
+            return dataset.decoding_on(self.device)
+        except ValueError as err:
+            raise ConfigError("image_decoding", str(err)) from None
+
     @property
     def channels_last(self) -> bool:
         return channels_last_for(self.config.memory_format, self.device)
@@ -227,7 +270,13 @@ class Trainer:
 
     def _new_optimizer(self, algorithm: Algorithm) -> tuple[torch.optim.Optimizer, Schedule]:
         cfg = self.config
-        optimizer = build_optimizer(cfg.optimizer, algorithm.param_groups(cfg.lr), cfg.weight_decay, cfg.momentum)
+        try:
+            optimizer = build_optimizer(cfg.optimizer, algorithm.param_groups(cfg.lr), cfg.weight_decay, cfg.momentum,
+                                        cfg.optimizer_impl, self.device)
+        except ValueError as err:
+            key, _, detail = str(err).partition(": ")
+            raise ConfigError(key, detail) from None
+        self.guarded_step = GuardedStep(optimizer)
         optimizer_steps = -(-self.steps_per_epoch // cfg.grad_accum) * cfg.epochs
         return optimizer, build_schedule(cfg.scheduler, optimizer, optimizer_steps, self.dataset.defaults.scheduler_gamma)
 
@@ -300,7 +349,9 @@ class Trainer:
             max_steps_per_epoch=cfg.max_steps_per_epoch, epoch_fraction=cfg.epoch_fraction, data_dir=cfg.data_dir,
             data_seed=cfg.data_seed,
             device=cfg.device, eval_batch_size=cfg.eval_batch_size, stage_cache=cfg.stage_cache,
-            input_size=cfg.input_size,
+            input_size=cfg.input_size, memory_format=cfg.memory_format, compile=cfg.compile,
+            optimizer_impl=cfg.optimizer_impl, divergence_check_every=cfg.divergence_check_every,
+            image_decoding=cfg.image_decoding, prefetch=cfg.prefetch,
         )
         stage_config = TrainConfig.from_flat({**base.to_flat(), **overrides})
         trainer = Trainer(stage_config, dataset=dataset or self.dataset, shard=Shard())
@@ -381,6 +432,7 @@ class Trainer:
             elif self.progress.epoch == round_index * self.config.epochs:
                 self._info(algorithm.begin_round(self._round_context(round_index)))
             self._size_epochs(algorithm)
+            compile_model(algorithm.model, self.config.compile)
             optimizer, schedule = self._new_optimizer(algorithm)
             if resumed is not None:
                 self._restore(resumed, optimizer, schedule, generators)
@@ -465,24 +517,37 @@ class Trainer:
         depth = self._prefetch_depth(None if self.pretext else self.train_split,
                                      self.unlabeled_split if unlabeled else None)
         started = time.perf_counter()
+        self.watch, every = DivergenceWatch(self.device), self.config.divergence_check_every
         with Prefetcher(self._step_ids(batches, unlabeled), self._read_step, depth) as steps:
             for i, (labeled, unlabeled_batch) in enumerate(steps):
                 self._train_step(algorithm, forward, optimizer, schedule, sums, round_epoch * self.steps_per_epoch + i,
                                  self._on_device(labeled), self._on_device(unlabeled_batch))
+                if every and (i + 1) % every == 0:
+                    self._raise_if_diverged()
             self.data_wait_s += steps.wait_s
+        self._raise_if_diverged()
         self.train_s += time.perf_counter() - started
         return {f"train/{k}": float(v) / self.steps_per_epoch for k, v in sums.items()}
+
+    def _raise_if_diverged(self) -> None:
+        """DivergenceError naming the epoch and step of the epoch's first non-finite loss, if there was one (a
+        read of the device: at the epoch's end, or every `divergence_check_every` steps)."""
+        diverged = self.watch.first_divergence()
+        if diverged is not None:
+            step, loss = diverged
+            raise DivergenceError(
+                f"loss is {loss} at epoch {self.progress.epoch}, step {step} ({self.config.algorithm}, "
+                f"lr={self.config.lr}); no weights were updated with it or after it"
+            )
 
     def _train_step(self, algorithm: Algorithm, forward: nn.Module, optimizer: torch.optim.Optimizer, schedule: Schedule,
                     sums: dict[str, Tensor], step: int, labeled: Batch | None, unlabeled_batch: Batch | None) -> None:
         accum, i = self.config.grad_accum, step % self.steps_per_epoch
+        if self.config.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # CUDA graphs: the last step's outputs may be overwritten now
         with self._autocast():
             out = forward(labeled, unlabeled_batch, step)
-        if not self.shard.all_finite(out.loss):
-            raise DivergenceError(
-                f"loss is {float(out.loss.detach())} at epoch {self.progress.epoch}, step {step} "
-                f"({self.config.algorithm}, lr={self.config.lr}); no weights were updated with it"
-            )
+        self.watch.observe(self.shard.finite_everywhere(out.loss), out.loss, step)
         (out.loss / accum).backward()
         spent = self.progress.spent
         spent.steps += 1
@@ -517,9 +582,10 @@ class Trainer:
         return SamplingPlan(balance_by=torch.as_tensor(values).view(len(self.train_split), -1)[:, 0].long())
 
     def _optimizer_step(self, algorithm: Algorithm, optimizer: torch.optim.Optimizer) -> None:
+        """Clip and step on the device; an update after a non-finite loss is cancelled there (`GuardedStep`)."""
         if self.config.grad_clip:
             nn.utils.clip_grad_norm_(algorithm.parameters(), self.config.grad_clip)
-        optimizer.step()
+        self.guarded_step.step(self.watch.seen)
         optimizer.zero_grad(set_to_none=True)
 
     def _evaluate(self, algorithm: Algorithm) -> dict[str, float]:
@@ -664,9 +730,9 @@ def predict_split(model: nn.Module, split: Split, view: Callable[[Any], Any], de
     with Prefetcher(slices, read, depth) as chunks:
         for chunk in chunks:
             with autocast_on(device):
-                outputs.append(outputs_to_cpu(model(view(move_to(chunk, device)))))
+                outputs.append(model(view(move_to(chunk, device))))
     model.train(was_training)
-    return concat_outputs(outputs)
+    return outputs_to_cpu(concat_outputs(outputs))  # one copy to the host: batch after batch is queued without a wait
 
 
 def score_split(model: nn.Module, dataset: ShiftDataset, name: str, split: Split,

@@ -28,7 +28,7 @@ from raybench.paths import open_lock_file, write_atomically
 
 SUMMARY_FILE = "summary.json"
 # Settings that change where or how fast a stage runs, not what it learns.
-NOT_IDENTITY = ("device", "data_dir", "eval_batch_size", "stage_cache")
+NOT_IDENTITY = ("device", "data_dir", "eval_batch_size", "stage_cache", "divergence_check_every")
 
 
 def stage_key(config: Mapping[str, Any], identity: Mapping[str, Any]) -> str:

@@ -7,12 +7,17 @@ examples on demand (a thread pool decodes images), and scores predictions with t
 datasets.yaml; what differs between input kinds (images, 8-band arrays, text, graphs, detection) is
 one `InputKind` record each.
 
+With `decoding_on(device)` (image_decoding=device) iWildCam's host threads only read each JPEG's bytes; the
+batch is decoded and resized where the model runs (`EncodedImages.to`), so 16 host cores keep a GPU fed at 448 px.
+
 Data lives under the WILDS root: `$RAYBENCH_WILDS_ROOT`, else `<data dir>/wilds` (`--set data_dir=...`).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -185,9 +190,13 @@ def _one_line(err: BaseException) -> str:
 class WildsInputs:
     """The inputs of one wilds subset, read on demand: `inputs[ids]` is the collated batch."""
 
-    def __init__(self, dataset: Any, indices: np.ndarray, spec: WildsSpec, workers: int = 8) -> None:
+    def __init__(self, dataset: Any, indices: np.ndarray, spec: WildsSpec, workers: int = 8,
+                 encoded_in: str | None = None) -> None:
         self.dataset, self.indices, self.spec = dataset, indices, spec
         self.kind = INPUT_KINDS[spec.inputs]
+        # The folder under the wilds dataset's `data_dir` holding its `_input_array` files, when batches are the
+        # files' bytes (`EncodedImages`) to decode on the device; None: decoded here, by PIL.
+        self.encoded_in = encoded_in
         self.workers = max(1, min(workers, os.cpu_count() or 1))
         self._pool: ThreadPoolExecutor | None = None
 
@@ -196,8 +205,23 @@ class WildsInputs:
 
     def __getitem__(self, index: Tensor | slice) -> Any:
         ids = self.indices[index] if isinstance(index, slice) else self.indices[np.asarray(index, dtype=np.int64)]
+        if self.encoded_in is not None:
+            return self._encoded(ids)
         examples = list(self._executor().map(self._read, ids))
         return self.kind.collate(examples)
+
+    def _encoded(self, ids: np.ndarray) -> EncodedImages:
+        files = [self.dataset.data_dir / self.encoded_in / self.dataset._input_array[int(i)] for i in ids]
+        data = list(self._executor().map(self._read_bytes, ids, files))
+        return EncodedImages(data, tuple(self.spec.input_shape[1:]), [str(f) for f in files],
+                             [int(i) for i in ids], self.spec.name)
+
+    def _read_bytes(self, idx: Any, path: Path) -> Tensor:
+        """One file's bytes, undecoded (numpy reads them without holding the GIL)."""
+        try:
+            return torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+        except OSError as err:
+            raise InputReadError(f"{self.spec.name} example {int(idx)}: cannot read {path}: {_one_line(err)}") from err
 
     def _read(self, idx: Any) -> Any:
         """One example, decoded; a file that cannot be read or decoded is an InputReadError naming it."""
@@ -221,10 +245,147 @@ class WildsInputs:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def resized(self, shape: tuple[int, ...]) -> WildsInputs:
-        return WildsInputs(self.dataset, self.indices, dataclasses.replace(self.spec, input_shape=shape), self.workers)
+        return WildsInputs(self.dataset, self.indices, dataclasses.replace(self.spec, input_shape=shape), self.workers,
+                           self.encoded_in)
+
+    def encoded(self, folder: str) -> WildsInputs:
+        """The same inputs, read as undecoded file bytes from `folder` under the dataset's `data_dir`."""
+        return WildsInputs(self.dataset, self.indices, self.spec, self.workers, folder)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pool": None}
+
+
+# ----- JPEG files decoded where the model runs (image_decoding=device) -----------------------------
+# How each WILDS image dataset stores its examples, from the `get_input` of its wilds 2.0 classes.
+STORED_AS: dict[str, str] = {"iwildcam": "JPEG", "camelyon17": "PNG", "fmow": "PNG", "globalwheat": "PNG"}
+# Where iWildCam's `get_input` opens `data_dir / folder / _input_array[idx]`: (labeled, unlabeled) folder
+# (wilds/datasets/iwildcam_dataset.py: 'train', one folder for every split; unlabeled/...: 'images').
+JPEG_FOLDERS: dict[str, tuple[str, str]] = {"iwildcam": ("train", "images")}
+NEEDS = "image_decoding=device needs a WILDS image dataset stored as JPEG (iwildcam)"
+
+
+def jpeg_folders(name: str, inputs: str) -> tuple[str, str]:
+    """(labeled, unlabeled) folders of a JPEG dataset's files; any other dataset is a one-line ValueError."""
+    if name in JPEG_FOLDERS:
+        return JPEG_FOLDERS[name]
+    if name in STORED_AS:
+        raise ValueError(f"dataset {name!r} stores its images as {STORED_AS[name]} files: {NEEDS}")
+    raise ValueError(f"dataset {name!r} reads {inputs} inputs, not encoded image files: {NEEDS}")
+
+
+def _check_decoder(device: torch.device) -> None:
+    """decode_jpeg decodes on the CPU (libjpeg-turbo) or a CUDA GPU (nvJPEG), nowhere else."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"JPEG decoding runs on cpu or cuda, not {device.type!r}: image_decoding=device needs one")
+
+
+# torchvision 0.29 deprecates its image codecs for TorchCodec, which is not a dependency; the batched nvJPEG
+# decode is what this path exists for, so the notice is silenced for that one message.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
+                        category=DeprecationWarning)
+_DECODER_LOCATION = re.compile(r"^\w+, \S+:\d+, ")  # "decode_jpeg, /src/.../decode_jpeg.cpp:171, "
+
+
+@dataclass(frozen=True)
+class EncodedImages:
+    """A batch of undecoded JPEG files: `.to(device)` (what `move_to` calls) decodes them there in one
+    `decode_jpeg` call and resizes them to `size` as PIL would, giving the uint8 (N, 3, H, W) batch the views take.
+
+    Why bytes: PIL decoding and resizing camera frames to 448 px is the host's work per image (benchmarks/
+    jpeg_decoding.py: ~19 images/s for 768 x 1024 frames on 2 shared cores); nvJPEG decodes a batch in one
+    call, so the host threads only read files. On the CPU this path is slower than PIL (~12 images/s there:
+    one decode thread, float resize): it is for a GPU, and exists on the CPU to be tested. The byte tensors stay in pageable memory
+    (`pinned` passes this record through): decode_jpeg takes CPU tensors and nvJPEG parses the bitstream on
+    the host itself, so pinning them would add a copy and buy nothing.
+
+    Indexing (`batch[rows]`) gives the rows as another EncodedImages, so a batch can serve as a split's inputs.
+    """
+
+    data: list[Tensor]
+    size: tuple[int, int]
+    files: list[str]
+    examples: list[int]
+    dataset: str
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: Tensor | slice) -> EncodedImages:
+        rows = range(len(self))[index] if isinstance(index, slice) else torch.as_tensor(index).reshape(-1).tolist()
+        return EncodedImages([self.data[i] for i in rows], self.size, [self.files[i] for i in rows],
+                             [self.examples[i] for i in rows], self.dataset)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Tensor:
+        return decode_resized(self, torch.device(device))
+
+
+def decode_resized(images: EncodedImages, device: torch.device) -> Tensor:
+    """The batch decoded on `device` as RGB, each image resized to `images.size` (kept when already that size)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    height, width = images.size
+    if not len(images):
+        return torch.empty((0, 3, height, width), dtype=torch.uint8, device=device)
+    try:
+        decoded = decode_jpeg(list(images.data), mode=ImageReadMode.RGB, device=device)
+    except (RuntimeError, ValueError) as err:
+        raise _undecodable(images, err) from err
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for row, image in enumerate(decoded):
+        by_shape.setdefault(tuple(image.shape), []).append(row)
+    if len(by_shape) == 1:
+        return resize_like_pil(torch.stack(decoded), images.size)
+    batch = torch.empty((len(decoded), 3, height, width), dtype=torch.uint8, device=device)
+    for rows in by_shape.values():
+        batch[rows] = resize_like_pil(torch.stack([decoded[r] for r in rows]), images.size)
+    return batch
+
+
+def resize_like_pil(batch: Tensor, size: tuple[int, int]) -> Tensor:
+    """uint8 (N, 3, h, w) images at `size` as PIL's `Image.resize` gives them (its default filter, bicubic).
+
+    PIL resamples width, then height, each pass antialiased (the kernel widened by the scale when shrinking)
+    and rounded to uint8 in between; torch's antialiased bicubic uses PIL's kernel (a = -0.5), so the same two
+    rounded passes match it. Measured against the host path (PIL decode + resize), in intensity levels: the
+    iWildCam fixture's 64 x 48 JPEGs at 448 x 448 max 1, mean 7.5e-5, at 32 x 32 max 1, mean 2.6e-3; sharp
+    4-pixel blocks at iWildCam's frame sizes (1536 x 2048, 1080 x 1920) to 448 x 448 max 1 and 2, mean 1.1e-3
+    (one float pass instead: max 13 at 448, where bicubic overshoots at block edges). Pillow 13 does the height
+    pass first for some other shapes (e.g. 51 x 51 to 27 x 36); there this order can be up to ~14 levels off on
+    such blocks. The decode itself is bit-identical to PIL's on the CPU (both libjpeg-turbo); nvJPEG's IDCT
+    may differ by a level.
+    """
+    height, width = size
+    if tuple(batch.shape[-2:]) == (height, width):
+        return batch
+    x = batch.float()
+    if x.shape[-1] != width:
+        x = _bicubic(x, (x.shape[-2], width))
+    if x.shape[-2] != height:
+        x = _bicubic(x, (height, width))
+    return x.to(torch.uint8)
+
+
+def _bicubic(x: Tensor, size: tuple[int, int]) -> Tensor:
+    out = torch.nn.functional.interpolate(x, size=size, mode="bicubic", antialias=True, align_corners=False)
+    return out.round_().clamp_(0, 255)
+
+
+def _undecodable(images: EncodedImages, err: BaseException) -> InputReadError:
+    """The batch's first file that does not decode on its own, named; a batched GPU decode says no more."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    for data, file, example in zip(images.data, images.files, images.examples):
+        try:
+            decode_jpeg(data, mode=ImageReadMode.RGB)
+        except (RuntimeError, ValueError) as one:
+            return InputReadError(f"{images.dataset} example {example}: cannot decode {file}: {_decoder_message(one)}")
+    return InputReadError(f"{images.dataset}: cannot decode the batch of {len(images)} files starting at "
+                          f"{images.files[0]}: {_decoder_message(err)}")
+
+
+def _decoder_message(err: BaseException) -> str:
+    return _DECODER_LOCATION.sub("", _one_line(err))
 
 
 # ----- the dataset ------------------------------------------------------------------------------
@@ -259,6 +420,16 @@ class WildsShiftDataset(ShiftDataset):
         shape = (self.input_shape[0], size, size)
         splits = {name: dataclasses.replace(split, x=split.x.resized(shape)) for name, split in self.splits.items()}
         return dataclasses.replace(self, input_shape=shape, splits=splits)
+
+    def decoding_on(self, device: torch.device) -> WildsShiftDataset:
+        """A copy whose image splits give `EncodedImages` (file bytes read by the host threads), decoded and
+        resized on `device` by `move_to`; a dataset not stored as JPEG is a one-line ValueError naming its files."""
+        folders = jpeg_folders(self.name, SPECS[self.name].inputs if self.name in SPECS else "unknown")
+        _check_decoder(torch.device(device))
+        splits = {name: dataclasses.replace(split, x=split.x.encoded(folders[name in UNLABELED_SPLITS]))
+                  for name, split in self.splits.items()}
+        info = {**self.info, "image_decoding": f"JPEG bytes read on the host, decoded on {torch.device(device)}"}
+        return dataclasses.replace(self, splits=splits, info=info)
 
     def evaluate(self, split_name: str, outputs: Any, split: Split) -> dict[str, float]:
         data = self.eval_data[split_name]
