@@ -182,7 +182,7 @@ def test_noisy_student_learns_the_teachers_labels(tiny_dataset, tmp_path):
     hparams = {"teacher_checkpoint": "teacher.pt"}  # the stub context hands over a fixed teacher
     algorithm = build_algorithm("noisy_student", lenet(tiny_dataset), hparams, context_for(tiny_dataset))
     facts = algorithm.begin_round(round_context(tiny_dataset, algorithm, tmp_path))
-    assert facts == {"round_0/teacher_source": "checkpoint teacher.pt"}
+    assert facts == {"round_0/teacher_source": "checkpoint teacher.pt", "round_0/student_init": "the teacher's weights"}
     assert algorithm.pseudo_labels.shape == (len(tiny_dataset.split("test_unlabeled")),)
     state = algorithm.state_dict()
     fresh = build_algorithm("noisy_student", lenet(tiny_dataset), hparams, context_for(tiny_dataset))

@@ -144,9 +144,10 @@ def test_fixmatch_targets_come_from_the_weak_view_and_the_loss_from_the_strong_v
 
 def test_noisy_student_trains_on_the_teachers_weak_view_predictions(image_data):
     """begin_round labels the unlabeled split with the teacher (weak view, argmax); the objective's unlabeled
-    term then uses exactly those labels for the batch's own rows (by index), not class 0 nor the student's."""
-    algorithm = build_algorithm("noisy_student", fixed_linear(image_data, seed=1), {"dropout": 0.5},
-                                context_for(image_data))
+    term then uses exactly those labels for the batch's own rows (by index), not class 0 nor the student's. The
+    student starts from scratch here: warm-started, it would give the teacher's labels, and the check would be moot."""
+    algorithm = build_algorithm("noisy_student", fixed_linear(image_data, seed=1),
+                                {"dropout": 0.5, "student_init": "scratch"}, context_for(image_data))
     assert isinstance(algorithm, NoisyStudent)
     teacher = fixed_linear(image_data, seed=11)
     unlabeled_split = image_data.split("test_unlabeled")

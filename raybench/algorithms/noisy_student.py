@@ -10,11 +10,13 @@ from torch import nn
 from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext, StepOutput
 from raybench.algorithms.pseudo_targets import hard_targets
 from raybench.algorithms.registry import register
+from raybench.checkpoints import load_state_dict_into
 from raybench.data.base import Batch, TaskKind, concat_inputs, move_to
 from raybench.models.base import FeaturizerHead
-from raybench.settings import AT_LEAST_ONE, PROBABILITY, setting
+from raybench.settings import AT_LEAST_ONE, PROBABILITY, Allowed, setting
 
 TEACHER_STAGE = "teacher"
+STUDENT_INITS = ("teacher", "scratch")
 
 
 @dataclass
@@ -28,6 +30,9 @@ class NoisyStudentHparams(Hparams):
                                                                              "budget)")
     augment: bool = setting(True, per_dataset=True, help="strong augmentation of the student's inputs; off where a "
                                                          "dataset has none")
+    student_init: str = setting("teacher", allowed=Allowed(choices=STUDENT_INITS),
+                                help="where each round's student starts: its teacher's weights (the authors' "
+                                     "warm start), or scratch (a fresh initialisation, an ablation)")
 
 
 @register("noisy_student")
@@ -35,7 +40,7 @@ class NoisyStudent(Algorithm):
     """Noisy Student (Xie et al., 2020), as adapted by WILDS 2.0 App. B.6.
 
     Each of `iterations` rounds: the teacher labels the whole unlabeled split once (weak view, hard
-    labels); a freshly initialised student f -> Dropout(0.5) -> g minimises
+    labels); a student f -> Dropout(0.5) -> g, warm-started from that teacher's weights (below), minimises
         L(h(A_strong(x_l)), y_l) + L(h(A_strong(x_u)), teacher(x_u)),
     L the task's loss (CE; masked BCE on 1[p > 0.5] for multi-label; MSE on the teacher's value for
     regression; the detector's own losses on its boxes scoring >= 0.5, see pseudo_targets.py), each loss the
@@ -54,6 +59,17 @@ class NoisyStudent(Algorithm):
     epoch of a full ERM run with strong augmentation (plain ERM where the data has none) at the dataset's
     own settings, trained once as a cached stage that every trial of a sweep with the same data, seed and
     model shares. Which teacher each round used is logged as `round_<r>/teacher_source`.
+
+    The student starts from its teacher's weights, featurizer and classifier, with the dropout added on top
+    (`student_init=teacher`, the default): the authors' multi-round driver says "Students are all warm-started
+    with the current teacher's weights" (p-lambda/wilds examples/noisy_student_wrapper.py line 15) and passes
+    `--pretrained_model_path {teacher_weights}  # warm starting` beside the teacher's path (line 96), which
+    examples/models/initializer.py lines 111-132 load into featurizer and classifier before
+    examples/algorithms/noisy_student.py lines 62-68 wrap them in its DropoutModel ("To warm start the student
+    model, point config.pretrained_model_path to config.teacher_model_path", line 32). The paper's text (App. B.6)
+    does not say; the code is followed. `student_init=scratch` keeps the fresh initialisation as a named ablation:
+    with WILDS's short per-round schedule a student trained from scratch is weak, and as the next teacher its
+    pseudo-labels collapse. The round's `round_<r>/student_init` says which it was.
     """
 
     Hparams = NoisyStudentHparams
@@ -96,7 +112,16 @@ class NoisyStudent(Algorithm):
         teacher, source = self.teacher(context)
         outputs = context.predict(teacher, context.unlabeled, self.context.views.weak)
         self.pseudo_labels = hard_targets(outputs, self.context.task.kind)
-        return {f"round_{context.round}/teacher_source": source}
+        return {f"round_{context.round}/teacher_source": source,
+                f"round_{context.round}/student_init": self.start_student(teacher, source)}
+
+    def start_student(self, teacher: FeaturizerHead, source: str) -> str:
+        """Warm-start the student from the teacher's weights (its dropout stays as it is: it has none), or leave
+        its fresh initialisation for `student_init=scratch`; returns which, in words."""
+        if self.hparams.student_init == "scratch":
+            return "a fresh initialisation (student_init=scratch)"
+        load_state_dict_into(self.model, teacher.state_dict(), f"the teacher ({source})")
+        return "the teacher's weights"
 
     def teacher(self, context: RoundContext) -> tuple[FeaturizerHead, str]:
         """This round's teacher and, in words, where it came from."""
