@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The embedded Table 2 at the protocol's budget (issue #19): every WILDS algorithm raybench has, as a sweep on
-# digits-shift with OOD-validation selection, 10 random configs + 3 seed replicates each, all at the WILDS budget
-# rule with every epoch over half the labeled data (raybench/grids/table2_digits.yaml says why and how), on one
-# private local Ray; then `raybench compare` over them, with each method's budget.
+# The embedded Table 2 at the protocol's budget: every WILDS algorithm raybench has, as a sweep on digits-shift
+# with OOD-validation selection, 10 random configs + 3 seed replicates each, all at the WILDS budget rule with every
+# epoch over half the labeled data, under the convergence rule (raybench/grids/table2_digits.yaml says why and how),
+# on one private local Ray; then `raybench compare` over them, with each method's budget and checks.
 #
 #   benchmarks/digits_shift_table.sh [OUT]      (OUT default: bench-digits; resumes a benchmark already there)
 set -euo pipefail

@@ -112,13 +112,13 @@ def sweep(space: str | os.PathLike[str] | Mapping[str, Any] | SearchSpace, *,
         SpaceError, OptionError, ConfigError, TrackingError, PluginError: a bad input, before any cluster work.
         SweepInterrupted: a stop signal; the same call with `resume=True` continues it.
     """
-    from raybench.sweep.runner import prepare, run_sweep
+    from raybench.sweep.runner import sweep_until_converged
 
     chosen = _sweep_options(space, options, fields)
     cluster_address(chosen.address)  # a malformed address is refused before anything is written
     _load_plugins(chosen.plugins)  # a plug-in may define the space's algorithm and the dataset
     parsed = load_space(space, chosen.spaces) if not isinstance(space, (str, os.PathLike)) else None
-    return run_sweep(prepare(chosen, parsed))
+    return sweep_until_converged(chosen, parsed)[0]  # with `converge`, the attempts of the convergence rule
 
 
 def _sweep_options(space: Any, options: SweepOptions | None, fields: Mapping[str, Any]) -> SweepOptions:

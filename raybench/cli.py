@@ -27,6 +27,7 @@ from raybench.sweep.command import (
     probe_cluster,
     resume_command,
 )
+from raybench.sweep.converge import DEFAULT_ATTEMPTS, ConvergeRule, converge_attempts, converge_factor
 
 TRACKING_URI = nonblank("an MLflow tracking URI")  # an empty one silently meant the default store
 
@@ -383,8 +384,9 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         bindings = bind_pairs(benchmark)  # as each pair's sweep binds it: --plan refuses what the run would
     except (BenchmarkError, SpaceError) as err:
         raise UsageError(str(err)) from None
+    rule = benchmark_convergence(args, benchmark.converge)
     if args.plan:
-        print(plan_text(benchmark, bindings))
+        print(plan_text(benchmark, bindings, rule))
         return 0
     try:
         address = sweep_options.cluster_address(args.address)  # inside a Ray job: the job's cluster
@@ -398,7 +400,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     resume = resume_command(args.argv)
     options = BenchmarkOptions(Path(args.storage).resolve(), args.tracking_uri or default_tracking_uri(), address,
                                args.resume, resume, args.progress_every, force=args.force,
-                               spaces=tuple(str(Path(folder).resolve()) for folder in args.spaces))
+                               spaces=tuple(str(Path(folder).resolve()) for folder in args.spaces), converge=rule)
     with Signals() as signals:
         try:
             outcome = run_benchmark(benchmark, options)
@@ -414,6 +416,19 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     print(outcome_text(outcome))
     print(f"\nMLflow: {mlflow_hint(redact_uri(options.tracking_uri), outcome.mlflow)}")
     return 0 if outcome.count(PairState.FAILED) == 0 else 1
+
+
+def benchmark_convergence(args: argparse.Namespace, in_file: ConvergeRule | None) -> ConvergeRule | None:
+    """The convergence rule of a benchmark: the file's `converge:`, each of its two values overridden by its flag
+    (--converge, --converge-attempts); --converge-attempts alone, with no factor from either, is refused."""
+    factor = args.converge if args.converge is not None else (in_file.factor if in_file else None)
+    if factor is None:
+        if args.converge_attempts is not None:
+            raise UsageError(f"--converge-attempts: expected only with --converge FACTOR or the file's converge: "
+                             f"(it caps the attempts of the convergence rule), got {args.converge_attempts} without either")
+        return None
+    attempts = args.converge_attempts or (in_file.attempts if in_file else DEFAULT_ATTEMPTS)
+    return ConvergeRule(factor, attempts)
 
 
 def benchmark_interrupted_line(err: BaseException, benchmark: Any, options: Any, argv: Sequence[str]) -> str:
@@ -447,6 +462,12 @@ def add_benchmark_parser(sub: Any) -> None:
     b.add_argument("--storage", default="runs", type=nonblank("a folder"), help="where the sweeps and the benchmark's records are written")
     b.add_argument("--progress-every", type=progress_seconds, default=30.0, metavar="SECONDS",
                    help="seconds between progress lines while no pair ends")
+    b.add_argument("--converge", type=converge_factor, metavar="FACTOR",
+                   help="each pair under WILDS 2.0 App. D's convergence rule, as `raybench sweep --converge` "
+                        "(overrides the file's converge.factor); with --resume, applies it to finished pairs")
+    b.add_argument("--converge-attempts", type=converge_attempts, metavar="N",
+                   help=f"with --converge (or the file's converge:): the attempts in all, the first included "
+                        f"(overrides converge.attempts; default {DEFAULT_ATTEMPTS})")
     add_plugin_flags(b)
     b.set_defaults(run=cmd_benchmark)
 
@@ -615,6 +636,7 @@ def _space_on_dataset(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     try:
         resolved = sweep_space(space, dataset, overrides)
         resolved.fixed.update(overrides)  # shown as fixed, and in the budget, as the sweep would run them
+        resolved = resolved.with_epochs_scale(getattr(args, "epochs_scale", 1.0))
     except SpaceError as err:
         raise UsageError(str(err)) from None
     except ConfigError as err:
@@ -694,6 +716,21 @@ def write_new_file(path: Path, text: str, force: bool) -> None:
         raise UsageError(f"--output: cannot write {str(path)!r} ({err.strerror or err})") from None
 
 
+def epochs_scale(text: str) -> float:
+    """`space show/draw --epochs-scale`: 1 (as the space says) or an attempt's scale, at most the largest one
+    `sweep --converge` reaches."""
+    from raybench.sweep.converge import MAX_ATTEMPTS, MAX_FACTOR
+
+    largest = MAX_FACTOR ** (MAX_ATTEMPTS - 1)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= largest:  # NaN fails both ends
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, at most {largest:g}, got {text!r}")
+    return value
+
+
 def add_space_parser(sub: Any) -> None:
     s = sub.add_parser("space", help="write a starting search space, or look at one: its resolved form, the configs "
                                      "a sweep would draw")
@@ -711,6 +748,9 @@ def add_space_parser(sub: Any) -> None:
     for p in (show, draw):  # a sweep's own flags, so both show what that sweep would run (and its budget)
         p.add_argument("--smoke", action="store_true", help="as `raybench sweep --smoke` (its fixed settings)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as `raybench sweep --set`")
+        p.add_argument("--epochs-scale", type=epochs_scale, default=1.0, metavar="SCALE",
+                       help="every config's epochs x SCALE, as an attempt of `raybench sweep --converge` trains "
+                            "them (attempt 2: the factor, attempt 3: its square)")
     draw.add_argument("--format", choices=["table", "json"], default="table")
     show.set_defaults(run=cmd_space_show)
     draw.set_defaults(run=cmd_space_draw)

@@ -224,18 +224,27 @@ class TrialRecord:
     metrics: dict[str, float] = field(default_factory=dict)  # best/, time/ and budget/ values
     checkpoint: str | None = None  # a path on the driver's machine: summary.json leaves it out
     node: str | None = None  # the Ray node its last epoch ran on
+    epochs_run: float | None = None  # epochs it trained, every round counted (best_epoch is 0-based among them)
+    not_converged: str | None = None  # why its best epoch came too late (raybench.trainer.health); None: it did not
+    pseudo_labels: str | None = None  # its selected epoch's pseudo-labels in words (self-training methods only)
+    pseudo_labels_collapsed: str | None = None  # why those count as collapsed onto one class; None: they do not
+
+    # Written only when set, so a record from before the health fields existed writes back as it was stored
+    WRITTEN_WHEN_SET: ClassVar[tuple[str, ...]] = ("epochs_run", "not_converged", "pseudo_labels",
+                                                   "pseudo_labels_collapsed")
 
     def to_json(self, public: bool = False) -> dict[str, Any]:
         """The record as a dict, key for key as collect() has always made it; `public` leaves out the checkpoint
         path, as summary.json holds a record."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if not (public and f.name == "checkpoint")}
         data.update(status=self.status.value, sampled=dict(self.sampled), metrics=dict(self.metrics))
-        return data
+        return {k: v for k, v in data.items() if v is not None or k not in self.WRITTEN_WHEN_SET}
 
     @classmethod
     def from_json(cls, data: Any, where: str = "trial") -> TrialRecord:
         """A stored record. Only its trial id and status are required: the other keys take their defaults, as in a
-        summary written before selection_blind, selection_note and node existed (checkpoint is never stored)."""
+        summary written before selection_blind, selection_note, node and the health fields existed (checkpoint is never
+        stored)."""
         if not isinstance(data, dict):
             raise RecordError(f"{where!r} missing or not a dict")
         return cls(order=data.get("order", 0), trial_id=_required(data, "trial_id", str, f"{where}."),
@@ -245,12 +254,19 @@ class TrialRecord:
                    best_epoch=data.get("best_epoch"), selection_blind=bool(data.get("selection_blind", False)),
                    selection_note=data.get("selection_note"),
                    metrics=dict(_optional(data, "metrics", dict, f"{where}.") or {}),
-                   checkpoint=data.get("checkpoint"), node=data.get("node"))
+                   checkpoint=data.get("checkpoint"), node=data.get("node"), epochs_run=data.get("epochs_run"),
+                   not_converged=data.get("not_converged") or None, pseudo_labels=data.get("pseudo_labels") or None,
+                   pseudo_labels_collapsed=data.get("pseudo_labels_collapsed") or None)
 
 
 def _importances(data: Mapping[str, Any]) -> Importances | None:
     found = _optional(data, "importances", dict)
     return None if found is None else Importances.from_json(found)
+
+
+def _attempts(data: Mapping[str, Any]) -> list[ConvergenceAttempt] | None:
+    found = _optional(data, "attempts", list)
+    return None if found is None else [ConvergenceAttempt.from_json(a, f"attempts[{i}]") for i, a in enumerate(found)]
 
 
 def _records(data: list[Any], where: str) -> list[TrialRecord]:
@@ -393,6 +409,28 @@ class Importances:
                    tuple(str(note) for note in _optional(data, "notes", list, f"{where}.") or []))
 
 
+@dataclass(frozen=True)
+class ConvergenceAttempt:
+    """An earlier sweep of the same (dataset, method) that this one supersedes under the convergence rule
+    (`sweep --converge`): its name, the factor its epochs were raised by, its selected config's replicate budget in
+    words, and why it was not enough (its selected config peaked late)."""
+
+    name: str
+    epochs_scale: float
+    budget: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "epochs_scale": self.epochs_scale, "budget": self.budget, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "attempts") -> ConvergenceAttempt:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where!r} is not a mapping")
+        return cls(name=_required(data, "name", str, f"{where}."), epochs_scale=float(data.get("epochs_scale", 1.0)),
+                   budget=str(data.get("budget", "")), reason=str(data.get("reason", "")))
+
+
 @dataclass(kw_only=True)
 class SweepSummary:
     """A sweep's results/summary.json: what it searched and how it selected, every trial, the selected one, its
@@ -421,11 +459,15 @@ class SweepSummary:
     # Which hyperparameters mattered, as the sweep rated them when it wrote this summary, so `results` and
     # `compare --stats` read them instead of fitting fANOVA's forest again; None: written before they were kept
     importances: Importances | None = None
+    # The convergence rule (`--converge`): the factor every config's epochs were raised by (None: as the space
+    # says), and the earlier, shorter sweeps of the same pair that this one supersedes (None: it supersedes none)
+    epochs_scale: float | None = None
+    attempts: list[ConvergenceAttempt] | None = None
     stored: StoredRun | None = None
 
     # Keys written only when they have a value: a summary that lacked them (written before they existed, or before
     # the sweep recorded them) writes back without them. Every other key is always written.
-    WRITTEN_WHEN_SET = ("report", "compute", "tracking", "mlflow", "importances")
+    WRITTEN_WHEN_SET = ("report", "compute", "tracking", "mlflow", "importances", "epochs_scale", "attempts")
 
     def to_json(self) -> dict[str, Any]:
         """The summary as raybench has always written it, key for key and in order; schema_version is left out of
@@ -440,7 +482,9 @@ class SweepSummary:
             "selected": self.selected.to_json(public=True) if self.selected else None,
             "replicates": self.replicates.to_json(), "wall_seconds": self.wall_seconds, "compute": self.compute,
             "tracking": self.tracking, "mlflow": self.mlflow,
-            "importances": self.importances.to_json() if self.importances else None}
+            "importances": self.importances.to_json() if self.importances else None,
+            "epochs_scale": self.epochs_scale,
+            "attempts": None if self.attempts is None else [a.to_json() for a in self.attempts]}
         if not self.schema_version:
             del data[SCHEMA_VERSION]
         data = {k: v for k, v in data.items() if v is not None or k not in self.WRITTEN_WHEN_SET}
@@ -465,7 +509,9 @@ class SweepSummary:
             selected=None if selected is None else TrialRecord.from_json(selected, "selected"),
             replicates=Replicates.from_json(data["replicates"]), wall_seconds=data.get("wall_seconds", 0.0),
             compute=_optional(data, "compute", dict), tracking=_optional(data, "tracking", dict),
-            mlflow=_optional(data, "mlflow", dict), importances=_importances(data), stored=StoredRun.from_json(data))
+            mlflow=_optional(data, "mlflow", dict), importances=_importances(data),
+            epochs_scale=_optional_number(data, "epochs_scale"), attempts=_attempts(data),
+            stored=StoredRun.from_json(data))
 
     @property
     def finished(self) -> bool:

@@ -16,6 +16,21 @@ GPU_S = f"{TIME_PREFIX}gpu_s"
 NODE = f"{INFO_PREFIX}node"  # the Ray node an epoch ran on (rank 0's), as it names itself
 BLIND_INFO = f"{INFO_PREFIX}selection_blind"
 NOTE_INFO = f"{INFO_PREFIX}selection_note"
+# The trainer's facts about what its selected epoch can be trusted for (raybench.trainer.health), by fact name.
+CONVERGENCE_FACT = "not_converged"  # why its best epoch came too late
+PSEUDO_FACT = "pseudo_labels"  # its selected epoch's pseudo-labels, in words
+COLLAPSE_FACT = "pseudo_labels_collapsed"  # why they count as collapsed onto a class; "" when they do not
+CONVERGENCE_INFO = f"{INFO_PREFIX}{CONVERGENCE_FACT}"
+PSEUDO_INFO = f"{INFO_PREFIX}{PSEUDO_FACT}"
+COLLAPSE_INFO = f"{INFO_PREFIX}{COLLAPSE_FACT}"
+
+# What a self-training algorithm logs each step (the trainer averages them over the epoch, as `train/<name>`): the
+# share of its unlabeled rows it pseudo-labelled, and its kept pseudo-labels per class (a vector, one metric each).
+PSEUDO_KEPT = "pseudo/kept"
+PSEUDO_CLASSES = "pseudo/classes"
+# The train log a run also reports at its best epoch (as `best/train/pseudo/kept`), beside its evaluation metrics:
+# `compare` shows it beside a self-training row's accuracy.
+KEPT_AT_BEST = f"train/{PSEUDO_KEPT}"
 
 STAGE_WEIGHTS_FACT = "weights"  # the stage fact naming its cached weights file (tracking uploads it as an artifact)
 

@@ -17,6 +17,7 @@ import math
 import os
 import queue
 import re
+import shlex
 import socket
 import subprocess
 import tempfile
@@ -33,6 +34,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # `raybench results` prints one table, no bars
+# MLflow's client prints "View run NAME at: URL" each time it ends a run on a server (in the driver, a benchmark,
+# a Ray job's log), a link without ?workflowType=machine_learning that opens MLflow 3's GenAI view; raybench
+# prints its own link (ui_link) once. Every process that ends a run imports this module (MLflow is imported
+# nowhere else; trial and Train worker processes end none: the sweep's process writes their runs), so this
+# reaches all of them. MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=false brings MLflow's links back.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -488,10 +495,24 @@ def base_tags(dataset: str, algorithm: str) -> dict[str, str]:
     return tags
 
 
-def ui_link(server: str, experiment_id: str, run_id: str | None = None) -> str:
-    """The MLflow UI page of a run (or of the experiment's runs) in the model-training view: MLflow 3's UI
-    otherwise opens in its GenAI view, on traces this experiment does not have."""
-    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+UI_PORT = 5000  # where the printed `mlflow ui` command serves, MLflow's own default port
+# MLflow's job runner (a process and about eight Huey consumers, each importing MLflow) serves its GenAI
+# scorers, which raybench never submits; `mlflow ui` (an alias of `mlflow server`) starts it unless this is false.
+NO_JOB_RUNNER = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false"
+
+
+def ui_command(uri: str, port: int = UI_PORT, program: str = "mlflow") -> str:
+    """The shell command (POSIX words, the URI quoted where it must be) that serves an MLflow UI over the store
+    `uri` at http://127.0.0.1:PORT, quick to answer on a small machine: one uvicorn worker (MLflow's default is
+    four) and no job runner. What every printed hint and the docs say; `program` is how the docs call MLflow."""
+    return (f"{NO_JOB_RUNNER} {program} ui --backend-store-uri {shlex.quote(uri)} --host 127.0.0.1 --port {port} "
+            f"--workers 1")
+
+
+def ui_link(server: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """The MLflow UI page of a run (or of the experiment's runs, or the list of experiments) in the model-training
+    view: MLflow 3's UI otherwise opens in its GenAI view, on traces this experiment does not have."""
+    page = "#/experiments" + (f"/{experiment_id}" if experiment_id else "") + (f"/runs/{run_id}" if run_id else "")
     return f"{server.rstrip('/')}/{page}?workflowType=machine_learning"
 
 

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from sklearn.linear_model import LogisticRegression
 from sklearn.multiclass import OneVsRestClassifier
 from sklearn.preprocessing import StandardScaler
@@ -79,6 +81,85 @@ def test_groupdro_leaves_absent_groups_weights_unchanged_relative_to_each_other(
     group_dro_loss(torch.tensor([1.0]), torch.tensor([0]), weights, eta=1.0)
     assert weights[2] / weights[1] == pytest.approx(2.0)
     assert weights[0] / weights[1] == pytest.approx(np.e)
+
+
+class SpucoGroupWeightedLoss:
+    """SpuCo's GroupWeightedLoss.forward and update_group_weights, transcribed (src/spuco/robust_train/group_dro.py
+    :42-68 at 91842463a577b0a90b4f829fec367308f3052e9f), with its default group_weight_lr 0.01 (:23)."""
+
+    def __init__(self, num_groups: int, group_weight_lr: float = 0.01) -> None:
+        self.num_groups, self.group_weight_lr = num_groups, group_weight_lr
+        self.group_weights = torch.ones(num_groups)
+        self.group_weights.data = self.group_weights.data / self.group_weights.data.sum()
+
+    def __call__(self, outputs: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.cross_entropy(outputs, labels, reduction="none")
+        group_loss = torch.zeros(self.num_groups)
+        for i in range(self.num_groups):
+            if (groups == i).sum() > 0:
+                group_loss[i] += loss[groups == i].mean()
+        group_weights = self.group_weights * torch.exp(self.group_weight_lr * group_loss)
+        self.group_weights.data = (group_weights / group_weights.sum()).data
+        return (group_loss * self.group_weights).sum()
+
+
+def test_groupdro_follows_spucos_group_weighted_loss_step_for_step():
+    """Same weights, same loss and same gradient as SpuCo's, batch after batch, over SpuCoMNIST's 25 groups at
+    its batch 32 with groups missing from batches (SpuCo's sampler leaves about 27 % of them out of each), at
+    raybench's default eta, which is SpuCo's group_weight_lr."""
+    assert ALGORITHMS.get("groupdro").Hparams().eta == 0.01
+    generator = torch.Generator().manual_seed(0)
+    theirs, ours = SpucoGroupWeightedLoss(25), torch.full((25,), 1.0 / 25)
+    for _ in range(40):
+        groups = torch.randint(0, 25, (32,), generator=generator)
+        labels = groups // 5
+        logits = (3 * torch.randn(32, 5, generator=generator)).requires_grad_()
+        expected = theirs(logits, labels, groups)
+        [expected_grad] = torch.autograd.grad(expected, logits)
+        got = group_dro_loss(torch.nn.functional.cross_entropy(logits, labels, reduction="none"), groups, ours, 0.01)
+        [got_grad] = torch.autograd.grad(got, logits)
+        assert torch.allclose(ours, theirs.group_weights, rtol=1e-5, atol=1e-7)
+        assert got.item() == pytest.approx(expected.item(), rel=1e-5)
+        assert torch.allclose(got_grad, expected_grad, rtol=1e-5, atol=1e-7)
+    assert ours.max() / ours.min() > 1.5  # the weights did move apart
+
+
+@pytest.fixture
+def spuco_check(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import spuco_check
+
+    return spuco_check
+
+
+def test_spucos_table_2_cells_train_every_epoch_and_keep_the_best_as_spucos_code_does(spuco_check):
+    """SpuCo's "50 epochs with early stopping" (App. C.3) is BaseRobustTrain.train
+    (src/spuco/robust_train/base_robust_train.py:42-50 at 91842463a577b0a90b4f829fec367308f3052e9f): every epoch
+    is trained and the best val worst-group epoch's model kept; nothing stops a run early. A patience of 5 ended
+    GroupDRO's medium-magnitude runs after 7-13 of their 50 epochs, one of them keeping its second epoch's model."""
+    cells = spuco_check.paper_rows("spuco-digits", spuco_check.MAGNITUDES, spuco_check.METHODS)
+    assert {algorithm for _, algorithm, _, _ in cells} == {"erm", "groupdro", "gb", "jtt", "dfr"}
+    for label, algorithm, dataset, settings in cells:
+        config = TrainConfig.from_flat({"dataset": dataset, "algorithm": algorithm, **settings})
+        assert config.patience is None, f"{label}: patience {config.patience}"
+        if algorithm != "dfr":
+            assert (config.epochs, config.batch_size) == (50, 32), label
+    [(_, _, _, medium)] = spuco_check.paper_rows("spuco-digits", ("medium",), ("groupdro",))
+    assert (medium["lr"], medium["weight_decay"]) == (1e-3, 5e-3)  # App. C.3, GroupDRO, magnitude medium
+    [(_, _, _, budgeted)] = spuco_check.paper_rows("spuco-digits", ("medium",), ("groupdro",), patience=5)
+    assert budgeted["patience"] == 5  # --patience 5: the table first published with raybench's early stop
+
+
+def test_a_saved_paper_run_is_reused_only_at_its_own_settings(spuco_check, tmp_path):
+    """A run saved by a table with patience 5 must not stand in for the same cell without it."""
+    [(_, algorithm, dataset, settings)] = spuco_check.paper_rows("spuco-digits", ("medium",), ("groupdro",))
+    path = spuco_check.run_path(tmp_path, dataset, algorithm, 0)
+    path.write_text(json.dumps({"settings": {**settings, "patience": 5}}))
+    [line] = spuco_check.stale_runs(tmp_path, [(dataset, algorithm, 0, settings)])
+    assert path.name in line and "'patience': 5" in line
+    path.write_text(json.dumps({"settings": settings}))
+    assert spuco_check.stale_runs(tmp_path, [(dataset, algorithm, 0, settings)]) == []
+    assert spuco_check.stale_runs(tmp_path, [(dataset, algorithm, 1, settings)]) == []  # not saved yet
 
 
 # ----- JTT, Spare, EIIL, SSA --------------------------------------------------------------------------------

@@ -140,7 +140,8 @@ def test_summary_md_shows_the_importances_before_the_trial_table():
 def test_the_chart_is_saved_beside_the_search_plot(tmp_path):
     summary = sweep()
     written = plots.save(plots.sweep_figures(summary, summary.space_scales, []), tmp_path / "plots")
-    assert sorted(p.name for p in written) == ["curves.png", "importance.png", "search.png"]
+    assert sorted(p.name for p in written) == ["curves.png", "importance.png", "search-lr.png",
+                                                    "search-weight_decay.png", "search.png"]
     chart = tmp_path / "plots" / "importance.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 5000
 

@@ -65,6 +65,7 @@ def test_the_ui_opens_on_the_sweeps_runs_and_serves_its_plots(tmp_path, ray_head
     assert len(children) == 3  # two trials and one replicate
     link = ui_link(mlflow_server, experiment.experiment_id, parent.info.run_id)
     assert f"MLflow: open {link}" in done.stdout  # the sweep says where to look
+    assert "View run" not in done.stdout + done.stderr  # and MLflow's own links (to its GenAI view) are off
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "mlflow_ui_sweep_run.png"

@@ -25,6 +25,11 @@ from raybench.sweep.space import load_space
 SEED = 3
 
 
+# search.png's panels, each also its own PNG: one per hyperparameter dann.yaml searches
+DANN_PANELS = ("search-classifier_lr.png", "search-discriminator_lr.png", "search-unlabeled_ratio.png",
+               "search-penalty.png")
+
+
 @pytest.fixture(scope="module")
 def smoke_sweep(tmp_path_factory, ray_head, empty_store):
     """One smoke sweep of DANN through the Ray Train executor (2 trials x 4 steps x 2 epochs, 2 replicates), on
@@ -113,7 +118,7 @@ def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
     assert [a.path for a in client.list_artifacts(parent, "selected_checkpoint")] == ["selected_checkpoint/best_model.pt"]
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
     assert {a.path for a in client.list_artifacts(parent, "plots")} == {
-        "plots/search.png", "plots/curves.png", "plots/id_vs_ood.png"}
+        "plots/search.png", "plots/curves.png", "plots/id_vs_ood.png", *(f"plots/{name}" for name in DANN_PANELS)}
     description = parents[0].data.tags["mlflow.note.content"]
     assert f"Selected trial `{smoke_sweep['summary']['selected']['trial_id']}`" in description
 
@@ -191,7 +196,8 @@ def test_results_command_reads_the_sweep_back(smoke_sweep, capsys):
     assert csv.stdout.splitlines()[0].startswith("trial_id,status,selection_value") and len(csv.stdout.splitlines()) == 3
     figures = cli(["results", "smoke", "--plots", str(workdir / "figures"), "--tracking-uri", uri], capsys)
     assert figures.returncode == 0, figures.stderr
-    assert sorted(p.name for p in (workdir / "figures").iterdir()) == ["curves.png", "id_vs_ood.png", "search.png"]
+    assert sorted(p.name for p in (workdir / "figures").iterdir()) == sorted(
+        ["curves.png", "id_vs_ood.png", "search.png", *DANN_PANELS])
     missing = cli(["results", "nope", "--tracking-uri", uri], capsys)
     assert missing.returncode == 2 and "no sweep named 'nope'" in missing.stderr
 

@@ -54,6 +54,8 @@ NON_DEFAULT: dict[str, Any] = {
     # registers nothing: the CLI tests below load it in this process, whose registries other tests read
     "plugins": (str(REPO / "tests" / "plugin_fixtures" / "empty_plugin.py"), "json"),
     "parent_run": "0123abcd",
+    "converge": 2.0,
+    "converge_attempts": 4,
 }
 
 
@@ -81,7 +83,7 @@ def test_every_field_is_declared_with_a_flag_or_marked_internal_with_who_sets_it
         assert isinstance(found, (Flag, Internal)), f"SweepOptions.{field.name} is declared neither way"
         if isinstance(found, Internal):
             assert found.why, f"SweepOptions.{field.name}: say who sets it"
-    assert set(declared.internal_names()) == {"max_failures", "resume_command"}
+    assert set(declared.internal_names()) == {"max_failures", "epochs_scale", "resume_command"}
 
 
 def test_every_flag_has_a_non_default_value_here():
@@ -159,7 +161,7 @@ def prepared_options(monkeypatch) -> list[SweepOptions]:
     seen: list[SweepOptions] = []
     monkeypatch.setenv("RAYBENCH_PLUGINS", "")  # loading the plug-ins names them here: restored after the test
 
-    def stop(options: SweepOptions) -> Any:
+    def stop(options: SweepOptions, space: Any = None) -> Any:
         seen.append(options)
         raise runner.OptionError("stopped by the test")
 

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from raybench.data.base import Batch, ShiftDataset, Split, Task, TaskKind, Views
 from raybench.models.base import FeaturizerHead
+from raybench.report_keys import PSEUDO_CLASSES, PSEUDO_KEPT
 from raybench.settings import check_allowed
 
 
@@ -329,13 +330,21 @@ class Algorithm(nn.Module, ABC):
         return views.strong(x) if strong else views.plain(x)
 
 
-def pseudo_label_loss(logits: Tensor, targets_logits: Tensor, threshold: float) -> tuple[Tensor, Tensor]:
+def pseudo_label_loss(logits: Tensor, targets_logits: Tensor, threshold: float) -> tuple[Tensor, dict[str, Tensor]]:
     """CE on examples whose detached max softmax passes `threshold`, times the kept fraction.
 
-    Returns (loss, kept_fraction); the loss is exactly 0 when no example passes.
+    Returns (loss, logs): the loss is exactly 0 when no example passes; the logs are the kept fraction and the
+    kept pseudo-labels per class (`pseudo_label_logs`), what the trainer judges a collapse by.
     """
     probs = torch.softmax(targets_logits.detach().float(), dim=-1)
     confidence, labels = probs.max(dim=-1)
     mask = (confidence >= threshold).float()
     per_example = F.cross_entropy(logits, labels, reduction="none")
-    return (per_example * mask).sum() / max(len(mask), 1), mask.mean()
+    return (per_example * mask).sum() / max(len(mask), 1), pseudo_label_logs(labels, mask, probs.shape[-1])
+
+
+def pseudo_label_logs(labels: Tensor, kept: Tensor, n_classes: int) -> dict[str, Tensor]:
+    """A batch's pseudo-label health, on the device: the share of rows kept (`kept` is 1 or 0 per row) and the
+    kept labels per class, counted with index_add (bincount would read its size from the host)."""
+    counts = torch.zeros(n_classes, device=labels.device).index_add_(0, labels, kept.float())
+    return {PSEUDO_KEPT: kept.float().mean(), PSEUDO_CLASSES: counts}

@@ -45,7 +45,7 @@ class FixMatch(Algorithm):
         n = len(labeled)
         outputs = self.model(torch.cat([views.strong(labeled.x), views.strong(unlabeled.x)]))
         supervised = self.supervised_loss(outputs[:n], labeled.y)
-        unsupervised, kept = pseudo_label_loss(outputs[n:], weak_logits, self.hparams.threshold)
+        unsupervised, health = pseudo_label_loss(outputs[n:], weak_logits, self.hparams.threshold)
         loss = supervised + self.hparams.penalty * unsupervised
-        logs = {"loss/supervised": supervised.detach(), "loss/consistency": unsupervised.detach(), "pseudo/kept": kept}
+        logs = {"loss/supervised": supervised.detach(), "loss/consistency": unsupervised.detach(), **health}
         return StepOutput(loss, logs)

@@ -17,8 +17,8 @@ from raybench.settings import NON_NEGATIVE, Suggest, setting
 @dataclass
 class GroupDROHparams(Hparams):
     eta: float = setting(0.01, allowed=NON_NEGATIVE, suggest=Suggest.loguniform(0.001, 0.1),
-                         help="step size of the group weights' exponentiated-gradient ascent")
-    balanced: bool = setting(True, help="group-balanced batches, as SpuCo samples them")
+                         help="step size of the group weights' exponentiated-gradient ascent (SpuCo: 0.01)")
+    balanced: bool = setting(True, help="group-balanced batches (SpuCo's are balanced in expectation)")
 
 
 def group_losses(losses: Tensor, groups: Tensor, n_groups: int) -> tuple[Tensor, Tensor]:
@@ -30,7 +30,14 @@ def group_losses(losses: Tensor, groups: Tensor, n_groups: int) -> tuple[Tensor,
 
 def group_dro_loss(losses: Tensor, groups: Tensor, weights: Tensor, eta: float) -> Tensor:
     """Sagawa et al. (2020), Alg. 1: q_g <- q_g exp(eta * loss_g) for the groups in the batch, renormalise
-    (updating `weights` in place), then return sum_g q_g loss_g with the new weights."""
+    (updating `weights` in place), then return sum_g q_g loss_g with the new weights.
+
+    Step for step SpuCo's GroupWeightedLoss (src/spuco/robust_train/group_dro.py at
+    91842463a577b0a90b4f829fec367308f3052e9f): q starts uniform (:42-43); loss_g is the mean loss of group g's
+    examples in the batch, 0 for a group absent from it, so its factor is exp(0) = 1 (:51-55); the update and
+    renormalisation come first (:56, :64-68) and the returned loss uses the updated q, through which no gradient
+    flows (:59-60; :68 replaces the weights through `.data`). Its step size is `group_weight_lr`, default 0.01
+    (:23), which SpuCo's GroupDRO never sets (:119): raybench's default eta is that 0.01."""
     per_group, present = group_losses(losses, groups, weights.numel())
     with torch.no_grad():
         updated = weights * torch.exp(eta * per_group.detach().float() * present)
@@ -45,6 +52,11 @@ class GroupDRO(Algorithm):
     Gradient descent on theta is interleaved with exponentiated-gradient ascent on q (step size eta)
     over online group losses; batches are group-balanced when `balanced`. Group ids come from the
     training labels here; EIIL and SSA subclass this and supply inferred groups instead.
+
+    Batches: raybench's hold every group in equal counts (`balanced_batches`, the remainder of B going to random
+    groups); SpuCo's GroupDRO draws |train| indices per epoch with replacement, example i with probability
+    proportional to 1 / |group(i)| (src/spuco/robust_train/group_dro.py:132-137, :146-150), so its batches are
+    balanced only in expectation: at batch 32 over 25 groups a group is absent from about 27 % of them.
     """
 
     Hparams = GroupDROHparams

@@ -7,7 +7,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, RoundContext, StepOutput
+from raybench.algorithms.base import (
+    Algorithm,
+    AlgorithmContext,
+    Hparams,
+    RoundContext,
+    StepOutput,
+    pseudo_label_logs,
+)
 from raybench.algorithms.pseudo_targets import hard_targets
 from raybench.algorithms.registry import register
 from raybench.checkpoints import load_state_dict_into
@@ -162,4 +169,7 @@ class NoisyStudent(Algorithm):
             supervised = self.supervised_loss(outputs[:n], labeled.y)
             unsupervised = self.supervised_loss(outputs[n:], targets)
         loss = supervised + unsupervised
-        return StepOutput(loss, {"loss/supervised": supervised.detach(), "loss/pseudo": unsupervised.detach()})
+        logs = {"loss/supervised": supervised.detach(), "loss/pseudo": unsupervised.detach()}
+        if self.context.task.kind is TaskKind.CLASSIFICATION:  # every row keeps its teacher's hard label
+            logs.update(pseudo_label_logs(targets, torch.ones_like(targets, dtype=torch.float), self.context.task.n_outputs))
+        return StepOutput(loss, logs)

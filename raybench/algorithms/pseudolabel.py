@@ -11,6 +11,7 @@ from raybench.algorithms.base import Algorithm, Hparams, StepOutput, masked_bce,
 from raybench.algorithms.pseudo_targets import confident_binary_targets, confident_boxes
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, TaskKind, concat_inputs
+from raybench.report_keys import PSEUDO_KEPT
 from raybench.settings import NON_NEGATIVE, PROBABILITY, Suggest, setting
 
 
@@ -51,14 +52,15 @@ class PseudoLabel(Algorithm):
 
     def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         assert unlabeled is not None, "Pseudo-Label needs an unlabeled batch"
-        supervised, unsupervised, kept = self._losses[self.context.task.kind](labeled, unlabeled)
+        supervised, unsupervised, health = self._losses[self.context.task.kind](labeled, unlabeled)
         weight = self.unlabeled_weight(step)
         loss = supervised + weight * unsupervised
-        logs = {"loss/supervised": supervised.detach(), "loss/pseudo": unsupervised.detach(), "pseudo/kept": kept}
+        logs = {"loss/supervised": supervised.detach(), "loss/pseudo": unsupervised.detach(), **health}
         return StepOutput(loss, logs)
 
     @property
-    def _losses(self) -> dict[TaskKind, Callable[[Batch, Batch], tuple[Tensor, Tensor, Tensor]]]:
+    def _losses(self) -> dict[TaskKind, Callable[[Batch, Batch], tuple[Tensor, Tensor, dict[str, Tensor]]]]:
+        """Per task: (supervised loss, pseudo-label loss, pseudo-label health logs)."""
         return {TaskKind.CLASSIFICATION: self._joint_classification, TaskKind.MULTILABEL: self._joint_multilabel,
                 TaskKind.DETECTION: self._detection}
 
@@ -68,19 +70,19 @@ class PseudoLabel(Algorithm):
         outputs = self.model(x)
         return outputs[:len(labeled)], outputs[len(labeled):]
 
-    def _joint_classification(self, labeled: Batch, unlabeled: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    def _joint_classification(self, labeled: Batch, unlabeled: Batch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         own, other = self._joint_outputs(labeled, unlabeled)
-        unsupervised, kept = pseudo_label_loss(other, other, self.hparams.threshold)
-        return self.supervised_loss(own, labeled.y), unsupervised, kept
+        unsupervised, health = pseudo_label_loss(other, other, self.hparams.threshold)
+        return self.supervised_loss(own, labeled.y), unsupervised, health
 
-    def _joint_multilabel(self, labeled: Batch, unlabeled: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    def _joint_multilabel(self, labeled: Batch, unlabeled: Batch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """Per task 1[p > 0.5] where max(p, 1 - p) passes the threshold, masked BCE, times the kept fraction."""
         own, other = self._joint_outputs(labeled, unlabeled)
         targets, kept = confident_binary_targets(other, self.hparams.threshold)
         unsupervised = masked_bce(other, targets) * kept if kept > 0 else other.sum() * 0.0
-        return self.supervised_loss(own, labeled.y), unsupervised, kept
+        return self.supervised_loss(own, labeled.y), unsupervised, {PSEUDO_KEPT: kept}
 
-    def _detection(self, labeled: Batch, unlabeled: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    def _detection(self, labeled: Batch, unlabeled: Batch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The detector's boxes on unlabeled images (eval mode, no gradient) above the threshold are its targets."""
         unlabeled_x = self.view(unlabeled.x, False)
         self.model.eval()
@@ -90,4 +92,4 @@ class PseudoLabel(Algorithm):
         targets, kept = confident_boxes(predictions, self.hparams.threshold)
         supervised = self.model.fit_loss(self.view(labeled.x, False), labeled.y, self.supervised_loss)
         unsupervised = self.model.fit_loss(unlabeled_x, targets.items, self.supervised_loss)
-        return supervised, unsupervised, kept.to(supervised.device)
+        return supervised, unsupervised, {PSEUDO_KEPT: kept.to(supervised.device)}

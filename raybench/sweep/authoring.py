@@ -14,6 +14,7 @@ import yaml
 from raybench.algorithms import ALGORITHMS, Algorithm
 from raybench.data.base import ShiftDataset
 from raybench.settings import SettingInfo, settings_of
+from raybench.sweep.results import ratio_text
 from raybench.sweep.sampling import config_key, draw_configs
 from raybench.sweep.space import Derived, Param, ResolvedSpace, SearchSpace
 from raybench.trainer.config import TrainConfig
@@ -98,11 +99,14 @@ def budget_lines(resolved: ResolvedSpace, dataset: ShiftDataset) -> list[str]:
         rows.append({"k": k if ALGORITHMS.get(resolved.algorithm).uses_unlabeled else "-", "epochs": config.epochs,
                      "steps": budget.steps, "optimizer steps": budget.optimizer_steps,
                      "labeled ex.": budget.labeled_examples, "unlabeled ex.": budget.unlabeled_examples,
-                     "labeled passes": f"{budget.labeled_passes:.2f}", "x ERM": f"{budget.erm_ratio:.2f}",
-                     "x protocol": f"{budget.protocol_ratio:.2f}"})
+                     "labeled passes": f"{budget.labeled_passes:.2f}", "x ERM": ratio_text(budget.erm_ratio),
+                     "x protocol": ratio_text(budget.protocol_ratio)})
     lines = ["budget per trial (steps: batches; the trial's own training, not its cached stages):"]
     lines += ["  " + line for line in pd.DataFrame(rows).to_string(index=False).splitlines()]
-    if any(float(r["x protocol"]) < 0.9 or float(r["x protocol"]) > 1.1 for r in rows):
+    if resolved.epochs_scale != 1:  # an attempt of `sweep --converge`: off the protocol's budget on purpose
+        lines.append(f"  every config's epochs x{resolved.epochs_scale:g} (an attempt of `sweep --converge`): x ERM "
+                     f"and x protocol are against the dataset's own {dataset.defaults.epochs} epochs")
+    elif any(float(r["x protocol"]) < 0.9 or float(r["x protocol"]) > 1.1 for r in rows):
         lines.append("  NOT the protocol's budget: a flat max_steps_per_epoch or fixed epochs break the WILDS ratios; "
                      "shorten runs with epoch_fraction instead")
     note = ALGORITHMS.get(resolved.algorithm).budget_note
@@ -164,7 +168,8 @@ def _rule_text(rule: Derived, resolved: ResolvedSpace) -> str:
     else:
         ratios = [resolved.fixed.get("unlabeled_ratio") or 1]
     values = ", ".join(f"{resolved.materialize({'unlabeled_ratio': k})[rule.name]} (k={k})" for k in ratios)
-    return (f"ceil({rule.factor:g} x E / (k + 1)) with E = {resolved.default_epochs} epochs and k the unlabeled "
+    raised = f" (raised x{resolved.epochs_scale:g})" if resolved.epochs_scale != 1 else ""
+    return (f"ceil({rule.factor:g} x E / (k + 1)) with E = {resolved.default_epochs} epochs{raised} and k the unlabeled "
             f"ratio: {values}")
 
 

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from raybench.paths import inside, writable_dir_problem, write_atomically
+from raybench.paths import inside, name_problem, writable_dir_problem, write_atomically
 from raybench.records import PairState, RecordError, SweepState, SweepSummary
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
+from raybench.sweep.converge import ConvergeRule, Counted, counting_attempt
 from raybench.sweep.errors import OptionError, SweepExists
 from raybench.sweep.options import SweepOptions, command_words, setting_word
 from raybench.sweep.progress import duration
@@ -68,6 +69,12 @@ class BenchmarkOptions:
     progress_every_s: float = 30.0
     force: bool = False  # with resume: go on under a benchmark file that changed since the benchmark started
     spaces: tuple[str, ...] = ()  # the user's --spaces folders (absolute): each pair's sweep looks names up there too
+    converge: ConvergeRule | None = None  # --converge / --converge-attempts; None: the file's `converge:`, if any
+
+
+def convergence(benchmark: Benchmark, options: BenchmarkOptions) -> ConvergeRule | None:
+    """The convergence rule every pair's sweep runs under: the command line's, else the benchmark file's."""
+    return options.converge if options.converge is not None else benchmark.converge
 
 
 @dataclass
@@ -82,6 +89,8 @@ class PairRecord:
     attempts: int = 0
     exit_code: int | None = None
     seconds: float = 0.0
+    counted: str = ""  # under the convergence rule: the attempt (a sweep name) that stands for the pair
+    epochs_scale: float = 1.0  # and the factor its epochs were raised by
 
 
 @dataclass
@@ -120,9 +129,21 @@ class DamagedSummary(ValueError):
 
 def sweep_summary(storage: Path, pair: Pair) -> SweepSummary | None:
     """The pair's sweep's results; None before it wrote them; a DamagedSummary naming a file no reader can use."""
+    return summary_named(storage, pair.sweep)
+
+
+def counted_attempt(storage: Path, pair: Pair, rule: ConvergeRule | None) -> Counted:
+    """The pair's sweep that stands for it: itself, or under the convergence rule the attempt that counts (the one
+    to run next while the rule is not done); DamagedSummary as sweep_summary."""
+    return counting_attempt(pair.sweep, rule, lambda name: summary_named(storage, name))
+
+
+def summary_named(storage: Path, sweep: str) -> SweepSummary | None:
+    """Sweep `sweep`'s results under `storage`; None before it wrote them; DamagedSummary for a file no reader
+    can use."""
     from raybench.tracking import read_summary_text
 
-    path = storage / pair.sweep / "results" / "summary.json"
+    path = storage / sweep / "results" / "summary.json"
     if not path.is_file():
         return None
     try:
@@ -130,17 +151,23 @@ def sweep_summary(storage: Path, pair: Pair) -> SweepSummary | None:
     except (OSError, ValueError) as err:  # unreadable, stray bytes (UnicodeDecodeError is a ValueError)
         raise DamagedSummary(f"{path} is damaged: not JSON ({one_line(str(err))})") from None
     try:  # nested too deep, not JSON, not a summary, or another sweep's: RecordErrors
-        return read_summary_text(text, pair.sweep)
+        return read_summary_text(text, sweep)
     except RecordError as err:
         raise DamagedSummary(f"{path} is damaged: {err}") from None
 
 
-def summary_status(storage: Path, pair: Pair) -> tuple[tuple[PairState, str] | None, str]:
-    """(finished_status of the pair's summary, "") or, for a damaged summary, (None, why it is damaged)."""
+def summary_status(storage: Path, pair: Pair, rule: ConvergeRule | None = None,
+                   record: PairRecord | None = None) -> tuple[tuple[PairState, str] | None, str]:
+    """(finished_status of the pair's summary, "") or, for a damaged summary, (None, why it is damaged). Under the
+    convergence rule, of the attempt that counts: a pair is finished once its rule is done; `record` then learns
+    which attempt counts."""
     try:
-        return finished_status(sweep_summary(storage, pair)), ""
+        counted = counted_attempt(storage, pair, rule)
     except DamagedSummary as err:
         return None, str(err)
+    if record is not None:  # without a rule (a resume may leave it out) the pair's own sweep counts
+        record.counted, record.epochs_scale = (counted.name, counted.epochs_scale) if rule else ("", 1.0)
+    return finished_status(counted.summary), ""
 
 
 def one_line(text: str, length: int = 200) -> str:
@@ -159,10 +186,14 @@ def finished_status(summary: SweepSummary | None) -> tuple[PairState, str] | Non
     return PairState.FINISHED, ""
 
 
-def runs_done(storage: Path, pair: Pair) -> int:
-    """Finished runs of a pair (search trials and replicates), from its sweep's completed-run records."""
-    folders = [storage / f"{pair.sweep}-search" / "completed", *storage.glob(f"{pair.sweep}-replicate-*/completed")]
-    return sum(len(list(folder.glob("*.json"))) for folder in folders if folder.is_dir())
+def runs_done(storage: Path, pair: Pair, rule: ConvergeRule | None = None) -> int:
+    """Finished runs of a pair (search trials and replicates), from its sweep's completed-run records: of every
+    attempt under the convergence rule."""
+    total = 0
+    for sweep in rule.names(pair.sweep) if rule is not None else [pair.sweep]:
+        folders = [storage / f"{sweep}-search" / "completed", *storage.glob(f"{sweep}-replicate-*/completed")]
+        total += sum(len(list(folder.glob("*.json"))) for folder in folders if folder.is_dir())
+    return total
 
 
 @dataclass(frozen=True)
@@ -201,7 +232,8 @@ def _saved_record(entry: Any, pair: Pair) -> PairRecord:
     before anything runs."""
     record = PairRecord(pair.sweep, pair.dataset, pair.method)
     if isinstance(entry, dict):
-        for name, kind in (("reason", str), ("attempts", int), ("exit_code", int), ("seconds", (int, float))):
+        for name, kind in (("reason", str), ("attempts", int), ("exit_code", int), ("seconds", (int, float)),
+                           ("counted", str), ("epochs_scale", (int, float))):
             value = entry.get(name)
             if isinstance(value, kind) and not isinstance(value, bool):
                 setattr(record, name, value)
@@ -280,11 +312,27 @@ def check_storage(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
                           f"pass --resume to finish it, or give the file another name")
     if options.resume and not exists:
         raise OptionError(f"--resume: no benchmark named {benchmark.name!r} under {options.storage} to resume")
-    taken = [p.sweep for p in benchmark.pairs if not options.resume and (options.storage / p.sweep).exists()]
+    check_attempt_names(benchmark, convergence(benchmark, options))
+    taken = [name for p in benchmark.pairs for name in pair_sweeps(p, convergence(benchmark, options))
+             if not options.resume and (options.storage / name).exists()]
     if taken:
         raise SweepExists(f"name: the sweep {taken[0]!r} of this benchmark already exists under {options.storage}; "
                           f"give the benchmark another name")
     return _resume_notes(benchmark, options) if options.resume else []
+
+
+def pair_sweeps(pair: Pair, rule: ConvergeRule | None) -> list[str]:
+    """The sweeps a pair may run: its own, and under the convergence rule each later attempt's."""
+    return rule.names(pair.sweep) if rule is not None else [pair.sweep]
+
+
+def check_attempt_names(benchmark: Benchmark, rule: ConvergeRule | None) -> None:
+    """Every attempt of every pair can name a sweep: refused now, not by a pair's sweep after its first attempts."""
+    for pair in benchmark.pairs:
+        for name in pair_sweeps(pair, rule)[1:]:
+            if name_problem(name):
+                raise OptionError(f"--converge: {pair.label}'s attempt {name!r} cannot name a sweep "
+                                  f"({name_problem(name)}); give the benchmark a shorter name")
 
 
 def _resume_notes(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
@@ -311,8 +359,14 @@ def sweep_command(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, t
     through the library's entry point for one sweep (SWEEP_ENTRY), since the library never runs the CLI. Its words
     come from the sweep's declared options, so every option the benchmark decides reaches the sweep; each one is
     spelled even at its default, so the command in a pair's log says what the benchmark chose."""
-    settings = pair_settings(pair, benchmark, options, target, resume)
+    settings = {**pair_settings(pair, benchmark, options, target, resume), **converge_settings(benchmark, options)}
     return [sys.executable, "-m", SWEEP_ENTRY, *command_words(SweepOptions(**settings), spell=settings)]
+
+
+def converge_settings(benchmark: Benchmark, options: BenchmarkOptions) -> dict[str, Any]:
+    """The convergence rule as the pair's sweep takes it (--converge, --converge-attempts); nothing without one."""
+    rule = convergence(benchmark, options)
+    return {} if rule is None else {"converge": rule.factor, "converge_attempts": rule.attempts}
 
 
 def shown_command(command: Sequence[str]) -> str:
@@ -387,13 +441,14 @@ def exit_reason(code: int, log_path: Path) -> str:
 class Progress:
     """Pairs done of total, runs done, failures and an ETA from the pace of this invocation."""
 
-    def __init__(self, benchmark: Benchmark, storage: Path, say: Callable[[str], None]) -> None:
-        self.benchmark, self.storage, self.say = benchmark, storage, say
+    def __init__(self, benchmark: Benchmark, storage: Path, say: Callable[[str], None],
+                 rule: ConvergeRule | None = None) -> None:
+        self.benchmark, self.storage, self.say, self.rule = benchmark, storage, say, rule
         self.started = time.time()
         self.runs_at_start = self.runs()
 
     def runs(self) -> int:
-        return sum(runs_done(self.storage, p) for p in self.benchmark.pairs)
+        return sum(runs_done(self.storage, p, self.rule) for p in self.benchmark.pairs)
 
     def line(self, records: dict[str, PairRecord]) -> str:
         counts = {s: sum(r.status == s for r in records.values())
@@ -481,12 +536,13 @@ class PairRunner:
         self.benchmark, self.options, self.records, self.target = benchmark, options, records, target
         self.state_path, self.say = state_path, say
         self.folder = bench_dir(options.storage, benchmark)
+        self.rule = convergence(benchmark, options)
         self.ended: queue.Queue[Running] = queue.Queue()
         self.running: list[Running] = []
 
     def run(self) -> None:
         waiting = self._pending()
-        progress = Progress(self.benchmark, self.options.storage, self.say)
+        progress = Progress(self.benchmark, self.options.storage, self.say, self.rule)
         try:
             while waiting or self.running:
                 while waiting and len(self.running) < self.target.sweeps_at_once(self.benchmark):
@@ -499,7 +555,7 @@ class PairRunner:
                 self._finish(job)
                 self.say(progress.line(self.records))
         except KeyboardInterrupt:
-            _stop(self.running, self.ended, self.records, self.options.storage, self.folder)
+            _stop(self.running, self.ended, self.records, self.options.storage, self.folder, self.rule)
             save_records(self.state_path, self.benchmark, self.records)
             finished = sum(r.status == PairState.FINISHED for r in self.records.values())
             raise BenchmarkInterrupted(f"benchmark {self.benchmark.name!r} interrupted: {finished} of "
@@ -509,13 +565,13 @@ class PairRunner:
         """The pairs whose sweep has not finished, as its own results on disk say; the others are announced."""
         waiting = []
         for pair in self.benchmark.pairs:
-            done, damage = summary_status(self.options.storage, pair)
+            record = self.records[pair.sweep]
+            done, damage = summary_status(self.options.storage, pair, self.rule, record)
             if damage:
                 self.say(f"{pair.label}: {damage}; not counted as finished: its sweep runs again (resuming it)")
-            record = self.records[pair.sweep]
             if done is not None and done[0] == PairState.FINISHED:
                 record.status, record.reason = done
-                self.say(f"{pair.label}: finished earlier (sweep {pair.sweep}); not run again")
+                self.say(f"{pair.label}: finished earlier (sweep {record.counted or pair.sweep}); not run again")
             else:
                 record.status = PairState.WAITING
                 waiting.append(pair)
@@ -538,17 +594,25 @@ class PairRunner:
     def _finish(self, job: Running) -> None:
         self.running.remove(job)
         record = self.records[job.pair.sweep]
-        _record_end(job, record, self.options.storage, self.folder)
+        _record_end(job, record, self.options.storage, self.folder, self.rule)
         save_records(self.state_path, self.benchmark, self.records)
-        self.say(f"{job.pair.label}: {record.status}{': ' + record.reason if record.reason else ''} "
-                 f"after {duration(record.seconds)}")
+        self.say(f"{job.pair.label}: {record.status}{': ' + record.reason if record.reason else ''}"
+                 f"{counted_words(record)} after {duration(record.seconds)}")
 
 
-def _record_end(job: Running, record: PairRecord, storage: Path, directory: Path) -> None:
+def counted_words(record: PairRecord) -> str:
+    """` (the attempt that counts: NAME, epochs x2)` for a pair under the convergence rule; else nothing."""
+    if not record.counted:
+        return ""
+    return f" (the attempt that counts: {record.counted}, epochs x{record.epochs_scale:g})"
+
+
+def _record_end(job: Running, record: PairRecord, storage: Path, directory: Path,
+                rule: ConvergeRule | None = None) -> None:
     job.log.close()
     code = job.process.returncode
     record.exit_code, record.seconds = code, record.seconds + time.time() - job.started
-    done, damage = summary_status(storage, job.pair)
+    done, damage = summary_status(storage, job.pair, rule, record)
     if code == 0 and done is not None:
         record.status, record.reason = done
     elif code in INTERRUPTED_CODES or code == -signal.SIGTERM:
@@ -559,7 +623,7 @@ def _record_end(job: Running, record: PairRecord, storage: Path, directory: Path
 
 
 def _stop(running: list[Running], ended: queue.Queue[Running], records: dict[str, PairRecord], storage: Path,
-          directory: Path) -> None:
+          directory: Path, rule: ConvergeRule | None = None) -> None:
     """One SIGTERM to each running sweep, then wait (bounded) for each to record where it stood."""
     for job in running:
         if job.process.poll() is None:
@@ -573,7 +637,7 @@ def _stop(running: list[Running], ended: queue.Queue[Running], records: dict[str
                 job.process.kill()
             continue
         running.remove(job)
-        _record_end(job, records[job.pair.sweep], storage, directory)
+        _record_end(job, records[job.pair.sweep], storage, directory, rule)
 
 
 # ----- results ----------------------------------------------------------------------------------------
@@ -585,10 +649,15 @@ def benchmark_params(benchmark: Benchmark) -> dict[str, Any]:
 
 
 def _summary_markdown(benchmark: Benchmark, records: dict[str, PairRecord]) -> str:
-    lines = [f"# Benchmark {benchmark.name}", "", benchmark.description, "", "| pair | sweep | status | reason |",
-             "|---|---|---|---|"]
-    lines += [f"| {r.method} on {r.dataset} | {r.sweep} | {r.status} | {r.reason} |" for r in records.values()]
-    lines += [f"| {r.method} on {r.dataset} | | not run | {r.reason} |" for r in benchmark.refused]
+    """The pairs' table; under the convergence rule with the attempt that counts for each and its epochs scale."""
+    ruled = any(r.counted for r in records.values())
+    extra = (" attempt that counts | epochs scale |", "---|---|") if ruled else ("", "")
+    lines = [f"# Benchmark {benchmark.name}", "", benchmark.description, "",
+             f"| pair | sweep | status | reason |{extra[0]}", f"|---|---|---|---|{extra[1]}"]
+    for r in records.values():
+        counted = f" {r.counted} | x{r.epochs_scale:g} |" if ruled else ""
+        lines.append(f"| {r.method} on {r.dataset} | {r.sweep} | {r.status} | {r.reason} |{counted}")
+    lines += [f"| {r.method} on {r.dataset} | | not run | {r.reason} |{' | |' if ruled else ''}" for r in benchmark.refused]
     return "\n".join(lines)
 
 
@@ -598,10 +667,10 @@ def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: A
     from raybench.sweep.stats import StatsSettings
     from raybench.tracking import find_sweeps
 
-    records = find_sweeps(options.tracking_uri, tuple(p.sweep for p in benchmark.pairs))
+    order = [counted_name(options.storage, p, convergence(benchmark, options)) for p in benchmark.pairs]
+    records = find_sweeps(options.tracking_uri, tuple(order))  # under the convergence rule, the attempts that count
     if not records:
         return None
-    order = [p.sweep for p in benchmark.pairs]
     records.sort(key=lambda r: order.index(r.name))
     comparisons = {"compare": compare.from_records(records, None),  # `raybench compare`: the Table 2 with its marks
                    "compare-stats": compare.from_records(records, None, StatsSettings())}  # `compare --stats`
@@ -617,6 +686,14 @@ def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: A
     return directory
 
 
+def counted_name(storage: Path, pair: Pair, rule: ConvergeRule | None) -> str:
+    """The sweep that stands for the pair in its comparison: under the convergence rule, the attempt that counts."""
+    try:
+        return counted_attempt(storage, pair, rule).name
+    except DamagedSummary:  # its own sweep's record says what is wrong with it
+        return pair.sweep
+
+
 def copy_importance_charts(records: Sequence[Any], storage: Path, directory: Path) -> list[Path]:
     """Each sweep's hyperparameter-importance chart (its plots/importance.png, made where its search rated at least
     one hyperparameter) beside the comparison, as importance-<sweep>.png."""
@@ -630,9 +707,11 @@ def copy_importance_charts(records: Sequence[Any], storage: Path, directory: Pat
     return copied
 
 
-def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
+def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = (), rule: ConvergeRule | None = None) -> str:
     """What the benchmark would run, without running it (`raybench benchmark FILE --plan`); each pair that could
-    not be bound to its dataset here (`bind_pairs`) says so."""
+    not be bound to its dataset here (`bind_pairs`) says so. `rule`: the convergence rule the command line gives
+    (else the file's)."""
+    rule = rule if rule is not None else benchmark.converge
     unchecked = {b.pair.sweep: b.unchecked for b in bindings if b.unchecked}
     lines = [(f"benchmark {benchmark.name} ({benchmark.path}): {len(benchmark.pairs)} sweeps, at most "
              f"{benchmark.max_concurrent_trials} trials at once (one queue for up to {benchmark.sweeps_at_once} "
@@ -643,6 +722,8 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
         fixed = f"; set {', '.join(f'{k}={setting_word(v)}' for k, v in pair.fixed.items())}" if pair.fixed else ""
         note = "; not checked here (see below)" if pair.sweep in unchecked else ""
         lines.append(f"  {pair.label:34s} sweep {pair.sweep}: {pair.trials} trials, {replicates}{fixed}{note}")
+    if rule is not None:
+        lines += ["", rule_text(rule, benchmark.pairs[0].sweep)]
     if unchecked:
         lines += ["", ("not bound to their datasets here: their files are not on this machine (each sweep checks its "
                       "pair before its own cluster work):")]
@@ -652,12 +733,20 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = ()) -> str:
     return "\n".join(lines)
 
 
+def rule_text(rule: ConvergeRule, example: str) -> str:
+    """The convergence rule in one line, with the attempts' names of one pair as the example."""
+    return (f"convergence rule: a pair whose selected config had not converged runs again with every config's "
+            f"epochs x{rule.factor:g}, up to {rule.attempts} attempts in all (e.g. {', '.join(rule.names(example))})")
+
+
 def outcome_text(outcome: Outcome) -> str:
     lines = [(f"benchmark {outcome.name}: {outcome.count(PairState.FINISHED)} of {len(outcome.records)} pairs "
              f"finished, {outcome.count(PairState.FAILED)} failed, {len(outcome.refused)} not run, in "
              f"{duration(outcome.wall_seconds)}")]
     lines += [f"  FAILED {r.method} on {r.dataset} (sweep {r.sweep}): {r.reason}" for r in outcome.records
               if r.status == PairState.FAILED]
+    lines += [f"  {r.method} on {r.dataset} counts as sweep {r.counted} (epochs x{r.epochs_scale:g})"
+              for r in outcome.records if r.counted]
     if outcome.compare_dir is not None:
         lines += ["", (outcome.compare_dir / "compare.txt").read_text().rstrip(), "",
                   f"comparison in every format: {outcome.compare_dir}"]

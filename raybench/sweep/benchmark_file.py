@@ -9,6 +9,7 @@ the shipped NAME.yaml):
     trials: 4                   # per pair, unless a pair says otherwise
     replicates: 2
     max_concurrent_trials: 2    # for the whole benchmark
+    converge: {factor: 2, attempts: 3}  # optional: each pair under the convergence rule (`sweep --converge`)
     grid:
       - {datasets: [digits-shift], spaces: [erm, coral, dann]}
     exclude:
@@ -35,6 +36,14 @@ from raybench.data import DATASETS
 from raybench.paths import NAME_RULE, name_problem, safe_name
 from raybench.settings import MAX_SEED, number_text
 from raybench.sweep import space_catalog
+from raybench.sweep.converge import (
+    ATTEMPTS_WORDS,
+    DEFAULT_ATTEMPTS,
+    FACTOR_WORDS,
+    ConvergeRule,
+    attempts_problem,
+    factor_problem,
+)
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import (
     OWN_FLAGS,
@@ -49,7 +58,8 @@ from raybench.sweep.space import (
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"name", "description", "selection", "seed", "trials", "replicates", "executor", "smoke",
-            "max_concurrent_trials", "sweeps_at_once", "set", "grid", "exclude", "pairs"}
+            "max_concurrent_trials", "sweeps_at_once", "set", "grid", "exclude", "pairs", "converge"}
+CONVERGE_KEYS = {"factor", "attempts"}
 PAIR_KEYS = {"dataset", "space", "trials", "replicates", "set"}
 EXECUTORS = ("train", "function")
 # Upper ends of the file's counts: past any real benchmark (WILDS 2.0: 10 trials, 10 replicates at most), so a
@@ -110,6 +120,7 @@ class Benchmark:
     sweeps_at_once: int
     pairs: list[Pair]
     refused: list[Refused]
+    converge: ConvergeRule | None = None  # each pair's sweep under the convergence rule; None: one sweep each
 
     @property
     def unqueued_sweeps_at_once(self) -> int:
@@ -179,7 +190,24 @@ def parse_benchmark(data: Any, path: Path, folders: Sequence[str | os.PathLike[s
     if not isinstance(description, str):
         raise BenchmarkError(path, "description", description, "text")
     return Benchmark(path, str(name), description, selection, _count(data, "seed", path, "seed", 0, 0, MAX_SEED),
-                     executor, smoke, cap, at_once, pairs, refused)
+                     executor, smoke, cap, at_once, pairs, refused, _converge(data.get("converge"), path))
+
+
+def _converge(value: Any, path: Path) -> ConvergeRule | None:
+    """`converge: {factor: 2, attempts: 3}`: every pair's sweep under the convergence rule, as `raybench sweep
+    --converge 2 --converge-attempts 3` (the benchmark's own --converge flags override it)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BenchmarkError(path, "converge", value, "a mapping with keys factor and attempts (e.g. {factor: 2, "
+                                                      "attempts: 3})")
+    no_unknown_keys(value, CONVERGE_KEYS, path, "converge.", BenchmarkError)
+    factor, attempts = value.get("factor"), value.get("attempts", DEFAULT_ATTEMPTS)
+    if factor_problem(factor):
+        raise BenchmarkError(path, "converge.factor", factor, FACTOR_WORDS)
+    if attempts_problem(attempts):
+        raise BenchmarkError(path, "converge.attempts", attempts, ATTEMPTS_WORDS)
+    return ConvergeRule(float(factor), attempts)
 
 
 def _count(data: dict, key: str, path: Path, where: str, minimum: int, default: int | None, maximum: int) -> Any:

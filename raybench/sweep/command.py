@@ -107,14 +107,13 @@ def again_command(argv: Sequence[str]) -> str:
 def _sweep(options: sweep_options.SweepOptions) -> tuple[SweepSummary, str]:
     """(the sweep's summary, its tracking URI); each input error the library raises as a UsageError naming the
     flag (or file) to change."""
-    from raybench.sweep.runner import prepare, run_sweep
+    from raybench.sweep.runner import sweep_until_converged
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError
     from raybench.trainer import ConfigError
 
     try:
-        prepared = prepare(options)
-        return run_sweep(prepared), prepared.tracking_uri
+        return sweep_until_converged(options)  # one sweep, or the attempts of --converge
     except (SpaceError, SpaceFolderError, SweepExists, SweepBusy, OptionError) as err:
         raise UsageError(str(err)) from None
     except UnknownNameError as err:
@@ -149,15 +148,17 @@ def resume_command(argv: Sequence[str]) -> str:
     return shlex.join(["raybench", *words, *([] if "--resume" in words else ["--resume"])])
 
 
-def mlflow_hint(uri: str, ids: dict[str, str]) -> str:
-    """Where to look at the sweep: its parent run's page on the server, or how to start a UI on a local store."""
-    from raybench.tracking import ui_link
+def mlflow_hint(uri: str, ids: dict[str, str], port: int | None = None) -> str:
+    """Where to look at the sweep: its parent run's page on the server, or the command that starts a UI on a local
+    store (raybench.tracking.ui_command, at `port`) and the page to open there, in MLflow's model-training view."""
+    from raybench.tracking import UI_PORT, ui_command, ui_link
 
     if uri.startswith(("http://", "https://")):
         server, prefix = uri, "open "
     else:
-        server, prefix = "http://127.0.0.1:5000", f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open "
-    return prefix + (ui_link(server, ids["experiment_id"], ids["run_id"]) if ids else server)
+        port = UI_PORT if port is None else port
+        server, prefix = f"http://127.0.0.1:{port}", f"{ui_command(uri, port)}, then open "
+    return prefix + (ui_link(server, ids["experiment_id"], ids["run_id"]) if ids else ui_link(server))
 
 
 def check_space_folders(folders: Sequence[str]) -> None:

@@ -28,10 +28,10 @@ import pandas as pd
 
 from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
 from raybench.records import Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
-from raybench.report_keys import BEST_PREFIX
+from raybench.report_keys import BEST_PREFIX, KEPT_AT_BEST
 from raybench.sweep import stats
 from raybench.sweep.importance import sweep_importances
-from raybench.sweep.results import BudgetSummary, fmt, split_labels
+from raybench.sweep.results import BudgetSummary, RowHealth, fmt, split_labels
 from raybench.sweep.stats import (
     NORMALISATION,
     Difference,
@@ -96,6 +96,16 @@ class MethodRow:
     versus: Difference | None = None  # with statistics: against the baseline row on the ranking column
     selection_cost: SelectionCost | None = None  # with statistics: each rule's pick among the search trials
     importance: dict[str, float] | None = None  # with statistics: each rated hyperparameter's share (importance.py)
+    health: RowHealth = field(default_factory=RowHealth)  # convergence and pseudo-labels of its replicates
+    pseudo_kept: float | None = None  # the replicates' mean share of unlabeled rows pseudo-labelled at the best epoch
+    epochs_scale: float = 1.0  # an attempt of the convergence rule: every config's epochs were raised by this
+
+    @property
+    def budget_text(self) -> str:
+        """The budget cell: `780 st, 2.5 lp, 2.00x ERM`, and `, epochs x2` for a convergence attempt."""
+        if self.budget is None:
+            return "n/a"
+        return self.budget.short() + (f", epochs x{self.epochs_scale:g}" if self.epochs_scale != 1 else "")
 
 
 @dataclass(frozen=True)
@@ -134,10 +144,13 @@ class DatasetTable:
             return []
         reference = next((r for r in budgets if r.algorithm == "erm"), None)
         ratio = reference.budget.protocol_ratio if reference else _median([r.budget.protocol_ratio for r in budgets])
+        reference_scale = reference.epochs_scale if reference else 1.0
         erm_steps = reference.budget.erm_steps if reference else _median([r.budget.erm_steps for r in budgets])
         found = []
         for row in budgets:
-            if _off(row.budget.protocol_ratio, ratio):
+            # A convergence attempt's raise is on purpose (its budget cell says it): its epochs come from the raised
+            # E through the method's own rule, so its ratio to ERM holds; only its ERM budget is judged
+            if row.epochs_scale == 1 and _off(row.budget.protocol_ratio, ratio / reference_scale):
                 found.append((row, (f"{row.budget.protocol_ratio:.2f}x the steps the WILDS rule gives it "
                                    f"({row.budget.steps:.0f} of {row.budget.protocol_steps:.0f})")))
             elif _off(row.budget.erm_steps, erm_steps):
@@ -164,6 +177,7 @@ class Comparison:
     unfinished: list[UnfinishedSweep] = field(default_factory=list)
     stats: StatsSettings | None = None  # set: the tables carry intervals, differences and selection costs
     aggregate: list[MethodAggregate] = field(default_factory=list)  # with statistics and several datasets
+    superseded: list[str] = field(default_factory=list)  # `NAME, by NAME-epochs-x2 (...)`: shorter attempts left out
 
 
 SINGLE_SEED = ("Single-seed: each search trial ran once, and replicates exist only for the selected config, so no "
@@ -182,8 +196,11 @@ def compare(summaries: Sequence[SweepSummary], unfinished: Sequence[UnfinishedSw
     tables carry statistics instead of marks; a BaselineError when `settings.baseline` names no ranked row."""
     by_dataset: dict[str, list[SweepSummary]] = {}
     left = list(unfinished)
+    replaced = superseded_attempts(summaries)
     for summary in summaries:
         if selection and summary.selection.strategy != selection:
+            continue
+        if summary.name in replaced:
             continue
         reason = _not_comparable(summary)
         if reason:
@@ -191,14 +208,29 @@ def compare(summaries: Sequence[SweepSummary], unfinished: Sequence[UnfinishedSw
             continue
         by_dataset.setdefault(summary.dataset, []).append(summary)
     tables = [_table(dataset, dataset_summaries, settings) for dataset, dataset_summaries in by_dataset.items()]
+    superseded = list(replaced.values())
     if settings is None:
-        return Comparison(tables, left)
+        return Comparison(tables, left, superseded=superseded)
     if settings.baseline and tables and not any(t.stats and t.stats.baseline for t in tables):
         rows = sorted({r.method for t in tables for r in t.ranked} | {r.sweep for t in tables for r in t.ranked})
         known = f"methods and sweeps: {', '.join(rows)}" if rows else "there is no ranked row (only oracle ones)"
         raise BaselineError(f"no ranked (non-oracle) row is named {settings.baseline!r}; {known}")
     aggregate = stats.aggregate(_rank_scores(tables), settings) if len(tables) > 1 else []
-    return Comparison(tables, left, settings, aggregate)
+    return Comparison(tables, left, settings, aggregate, superseded)
+
+
+def superseded_attempts(summaries: Sequence[SweepSummary]) -> dict[str, str]:
+    """The sweeps a longer attempt of the same pair replaced under the convergence rule (`--converge`), each
+    with a line saying by which: only the last attempt's row is the method's."""
+    replaced = {}
+    for summary in summaries:
+        if _not_comparable(summary):  # an interrupted attempt supersedes nothing yet: the earlier one keeps its row
+            continue
+        for attempt in summary.attempts or []:
+            budget = f", {attempt.budget}" if attempt.budget else ""
+            replaced[attempt.name] = (f"{attempt.name} (epochs x{attempt.epochs_scale:g}{budget}: {attempt.reason}), by "
+                                      f"{summary.name} (epochs x{summary.epochs_scale or 1:g})")
+    return replaced
 
 
 def from_records(records: Sequence[Any], selection: str | None = None,
@@ -267,6 +299,8 @@ def _row(summary: SweepSummary, columns: list[Column], settings: StatsSettings |
         budget=BudgetSummary.from_metrics(replicates.summary),
         selection_cost=None if settings is None else _selection_cost(summary),
         importance=None if settings is None else sweep_importances(summary).shares,
+        health=RowHealth.of(summary), pseudo_kept=_mean(replicates.summary.get(f"{BEST_PREFIX}{KEPT_AT_BEST}")),
+        epochs_scale=summary.epochs_scale or 1.0,
         **{name: _total(compute, key) for name, key in (("trial_seconds", "wall_s"), ("cpu_seconds", "cpu_s"),
                                                          ("gpu_seconds", "gpu_s"))})
 
@@ -342,6 +376,10 @@ def _analysis_only(selection: Selection) -> bool:
     return SELECTIONS.get(selection.strategy).analysis_only
 
 
+def _mean(cell: dict[str, float] | None) -> float | None:
+    return None if not cell else float(cell["mean"])
+
+
 def _median(values: list[float]) -> float:
     return float(pd.Series(values, dtype="float64").median())
 
@@ -409,7 +447,10 @@ def _display_frame(table: DatasetTable, rows: list[MethodRow], mark: Any) -> pd.
         for column in table.columns:
             cell = row.cells.get(column.key)
             record[column.label] = mark(cell.text(), cell.mark) if cell else "n/a"
-        record.update({"trials": trials, "replicates": replicates, "budget": row.budget.short() if row.budget else "n/a"})
+        record.update({"trials": trials, "replicates": replicates, "budget": row.budget_text,
+                       "checks": "; ".join(row.health.flags()) or "ok"})
+        if any(r.pseudo_kept is not None for r in rows):
+            record["pseudo-labels kept"] = "n/a" if row.pseudo_kept is None else f"{100 * row.pseudo_kept:.1f} %"
         if row.trial_seconds is not None:
             compute = _compute_text(row.trial_seconds, "trial")
             compute += f", {_compute_text(row.gpu_seconds, 'GPU')}" if row.gpu_seconds else ""
@@ -441,14 +482,20 @@ def _blind_lines(table: DatasetTable) -> list[str]:
     """A row whose search could not tell its configs apart is marked, never passed off as a selection; so is a
     row that got another budget than the protocol gives it (an unfair comparison looks like a fair one)."""
     lines = [f"Selection blind: {row.method} ({row.sweep}): {row.blind}." for row in table.rows if row.blind]
+    lines += [f"{kind}: {row.method} ({row.sweep}): {detail}." for row in table.rows
+              for kind, detail in row.health.findings()]
     return lines + [f"Budget outside the protocol's ratios: {row.method} ({row.sweep}): {why}."
                     for row, why in table.unfair]
 
 
 def _unfinished_lines(comparison: Comparison) -> list[str]:
-    if not comparison.unfinished:
-        return []
-    return ["", "Not in the table (unfinished):"] + [f"- {u.line}" for u in comparison.unfinished]
+    lines = []
+    if comparison.superseded:
+        lines += ["", "Not in the table (superseded by a longer attempt of the same pair, under the convergence rule):"]
+        lines += [f"- {line}" for line in comparison.superseded]
+    if comparison.unfinished:
+        lines += ["", "Not in the table (unfinished):"] + [f"- {u.line}" for u in comparison.unfinished]
+    return lines
 
 
 # ----- the statistics' blocks, one frame each, shared by the table, Markdown and LaTeX -------------
@@ -741,7 +788,10 @@ def records(comparison: Comparison) -> list[dict[str, Any]]:
                                       "algorithm": row.algorithm, "selection": row.selection,
                                       "analysis_only": row.analysis_only, "trials": row.trials, "trials_ok": row.trials_ok,
                                       "replicates": row.replicates, "replicates_ok": row.replicates_ok,
-                                      "selection_blind": row.blind, "selection_blind_everywhere": row.blind_everywhere}
+                                      "selection_blind": row.blind, "selection_blind_everywhere": row.blind_everywhere,
+                                      "epochs_scale": row.epochs_scale, "not_converged": row.health.not_converged, "late_runs": row.health.late,
+                                      "pseudo_labels_collapsed": row.health.collapsed, "health_runs": row.health.runs,
+                                      "pseudo_labels_kept": row.pseudo_kept}
             budget = row.budget
             record.update({f"budget.{name}": getattr(budget, name) if budget else None
                            for name in (*BudgetSummary.FIELDS, "erm_ratio", "protocol_ratio")})

@@ -32,6 +32,7 @@ from raybench.flag_types import (
 )
 from raybench.paths import safe_name
 from raybench.settings import default_of
+from raybench.sweep.converge import DEFAULT_ATTEMPTS, converge_attempts, converge_factor
 from raybench.sweep.errors import OptionError
 from raybench.sweep.space_catalog import folder_problem
 from raybench.sweep.trial_slots import slot_folder_problem
@@ -272,6 +273,14 @@ class SweepOptions:
                                help="asha: epochs before a trial can be stopped", fixed_on_resume=True)
     reduction_factor: float = option(3.0, flag="--reduction-factor", parse=positive_float,
                                      help="asha: at each rung keep the top 1/FACTOR of trials (> 1)", fixed_on_resume=True)
+    converge: float | None = option(
+        None, flag="--converge", parse=converge_factor, metavar="FACTOR",
+        help="WILDS 2.0 App. D's convergence rule: while most runs of the selected config peak in their last 10 %% "
+             "of epochs, run the same search again with every config's epochs x FACTOR (attempt 2 is the sweep "
+             "NAME-epochs-xFACTOR, attempt 3 x FACTOR^2, ...); the last attempt is the result")
+    converge_attempts: int | None = option(
+        None, flag="--converge-attempts", parse=converge_attempts, metavar="N",
+        help=f"with --converge: the attempts in all, the first included (default {DEFAULT_ATTEMPTS})")
     extra_fixed: dict[str, Any] = option(  # noqa: RUF009  option() is dataclasses.field, with a default_factory
         flag="--set", default_factory=dict, repeats=SETTINGS, metavar="KEY=VALUE",
         help="fix a trainer setting for every trial")
@@ -284,6 +293,8 @@ class SweepOptions:
     parent_run: str | None = option(None, flag="--parent-run", parse=nonblank("an MLflow run id"), metavar="RUN_ID",
                                     help="nest the sweep's MLflow run under this run (a benchmark passes its own)")
     max_failures: int = internal(2, why="a fixed policy: how often Ray restarts a trial whose worker failed")
+    epochs_scale: float = internal(1.0, why="the convergence rule (raybench.sweep.converge): the factor this attempt "
+                                             "raises every config's epochs by")
     resume_command: str | None = internal(None, why="the sweep's entry point (raybench.sweep.command), from its argv: "
                                                     "the command shown (and tagged) when the sweep is interrupted")
 

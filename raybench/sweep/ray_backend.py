@@ -66,7 +66,17 @@ from ray.tune.search.optuna import OptunaSearch
 from raybench.budget import BUDGET_PREFIX
 from raybench.paths import StorageFull, disk_full_errno_in, inside
 from raybench.records import TrialRecord, TrialStatus
-from raybench.report_keys import BEST_PREFIX, BLIND_INFO, NODE, NOTE_INFO, SELECTION_BEST, TIME_PREFIX
+from raybench.report_keys import (
+    BEST_PREFIX,
+    BLIND_INFO,
+    COLLAPSE_INFO,
+    CONVERGENCE_INFO,
+    NODE,
+    NOTE_INFO,
+    PSEUDO_INFO,
+    SELECTION_BEST,
+    TIME_PREFIX,
+)
 from raybench.sweep import state_seal
 from raybench.sweep.atomic_storage import atomic_local_filesystem
 from raybench.sweep.errors import ClusterError
@@ -992,5 +1002,9 @@ def collect(grid: tune.ResultGrid, space: ResolvedSpace, spec: RunSpec) -> list[
             metrics={k: v for k, v in metrics.items() if k.startswith((BEST_PREFIX, TIME_PREFIX, BUDGET_PREFIX)) and isinstance(v, (int, float))},
             checkpoint=_checkpoint_path(result, metrics),
             node=(record or metrics).get(NODE),
+            epochs_run=metrics.get(EPOCHS_DONE),
+            not_converged=metrics.get(CONVERGENCE_INFO) or None,
+            pseudo_labels=metrics.get(PSEUDO_INFO) or None,
+            pseudo_labels_collapsed=metrics.get(COLLAPSE_INFO) or None,
         ))
     return sorted(records, key=lambda r: r.order)

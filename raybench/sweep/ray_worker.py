@@ -22,7 +22,7 @@ from typing import Any
 import ray.train
 from ray.train.v2.api.callback import UserCallback
 
-from raybench.report_keys import BEST_PREFIX, CPU_S, INFO_PREFIX, NODE, SELECTION_BEST, TIME_PREFIX
+from raybench.report_keys import BEST_PREFIX, CPU_S, INFO_PREFIX, KEPT_AT_BEST, NODE, SELECTION_BEST, TIME_PREFIX
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 
 FAILURE_KEY = "failure_reason"
@@ -69,13 +69,18 @@ class TrialClock:
         self.waited += time.perf_counter() - start
 
 
+def _kept_at_best(key: str) -> bool:
+    """A best-epoch metric worth its own `best/` copy: evaluation and stage numbers, not train logs or budgets."""
+    return key == KEPT_AT_BEST or ("/" in key and not key.startswith(("train/", "budget/")))
+
+
 def flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
                 stages: list[dict[str, Any]]) -> dict[str, Any]:
     metrics: dict[str, Any] = dict(report.metrics)
     if stages:
         metrics[STAGES_KEY] = json.dumps(stages, default=str)
     metrics.update(clock.fields())
-    metrics.update({f"{BEST_PREFIX}{k}": v for k, v in report.best_metrics.items() if "/" in k and not k.startswith(("train/", "budget/"))})
+    metrics.update({f"{BEST_PREFIX}{k}": v for k, v in report.best_metrics.items() if _kept_at_best(k)})
     metrics["best_epoch"] = report.metrics["epoch"] - report.metrics["epochs_since_best"]
     metrics[EPOCHS_DONE] = report.metrics["epoch"] + 1
     metrics.update({f"{INFO_PREFIX}{k}": v for k, v in facts.items()})

@@ -15,11 +15,14 @@ from raybench.sweep.progress import duration
 from raybench.sweep.results import (
     BudgetSummary,
     compute_line,
+    epoch_of,
     fmt,
     nothing_selected,
     notices,
+    ratio_text,
     summary_splits,
     summary_tracking_line,
+    trial_flags,
 )
 
 
@@ -34,9 +37,22 @@ def _json_safe(value: Any) -> Any:
 
 
 def trial_rows(summary: SweepSummary) -> pd.DataFrame:
+    """One row per trial, as `results --format csv` writes it: numbers as numbers (best_epoch is 0-based among
+    epochs_run)."""
     rows = [{"trial_id": t.trial_id, "status": t.status.value + (" (blind)" if t.selection_blind else ""),
-             "selection_value": t.selection_value,
-             "best_epoch": t.best_epoch, **_budget_cells(t), "failure_reason": t.failure_reason,
+             "selection_value": t.selection_value, "best_epoch": t.best_epoch, "epochs_run": t.epochs_run,
+             **_budget_cells(t), "failure_reason": t.failure_reason,
+             **{f"config.{k}": v for k, v in sorted(t.sampled.items())}} for t in summary.trials]
+    return pd.DataFrame(rows)
+
+
+def console_trial_rows(summary: SweepSummary) -> pd.DataFrame:
+    """The trials as the console shows them: each status with its flags in words, the best epoch as `4 of 10`
+    (1-based, among the epochs it ran), the selection value to 4 places."""
+    rows = [{"trial_id": t.trial_id, "status": t.status.value + trial_flags(t),
+             "selection_value": "" if t.selection_value is None or not math.isfinite(t.selection_value)
+             else f"{t.selection_value:.4f}",
+             "best epoch": epoch_of(t), **_budget_cells(t), "failure_reason": t.failure_reason or "",
              **{f"config.{k}": v for k, v in sorted(t.sampled.items())}} for t in summary.trials]
     return pd.DataFrame(rows)
 
@@ -46,7 +62,7 @@ def _budget_cells(trial: TrialRecord) -> dict[str, Any]:
     budget = BudgetSummary.from_metrics(trial.metrics)
     if budget is None:
         return {"steps": "", "x protocol": ""}
-    return {"steps": f"{budget.steps:.0f}", "x protocol": f"{budget.protocol_ratio:.2f}"}
+    return {"steps": f"{budget.steps:.0f}", "x protocol": ratio_text(budget.protocol_ratio)}
 
 
 def render(summary: SweepSummary, fmt_name: str) -> str:
@@ -80,10 +96,8 @@ def table(summary: SweepSummary) -> str:
     if summary.state_line:
         out[1:1] = [summary.state_line]
     out += [f"! {line}" for line in notices(summary)] + ([""] if notices(summary) else [])
-    frame = trial_rows(summary)
+    frame = console_trial_rows(summary)
     if not frame.empty:
-        frame["selection_value"] = frame["selection_value"].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.4f}")
-        frame["failure_reason"] = frame["failure_reason"].fillna("")
         out += [frame.to_string(index=False), ""]
     if summary.compute:
         out += [f"wall time {duration(summary.wall_seconds)}. {compute_line(summary.compute)}", ""]

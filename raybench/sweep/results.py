@@ -67,6 +67,11 @@ class BudgetSummary(StepRatios):
         return f"{self.steps:.0f} st, {self.labeled_passes:.1f} lp, {self.erm_ratio:.2f}x ERM"
 
 
+def ratio_text(ratio: float) -> str:
+    """A budget ratio that never reads 0.00: two places from 0.1 up, two significant digits below."""
+    return f"{ratio:.2f}" if ratio >= 0.1 or ratio == 0 else f"{ratio:.2g}"
+
+
 def split_labels(summary: SweepSummary) -> dict[str, str]:
     """What this sweep's dataset calls its splits (summaries written before they said so: WILDS's words)."""
     return dict((summary.report or {}).get("split_labels") or SHIFT_SPLIT_LABELS)
@@ -161,6 +166,63 @@ def blindness(trials: list[TrialRecord]) -> str | None:
     return tied_trials(finished)
 
 
+@dataclass(frozen=True)
+class RowHealth:
+    """What the sweep's reported row (its selected config's replicates; the selected trial where none finished)
+    can be trusted for: how many peaked in their late epochs, and how many trained on collapsed pseudo-labels
+    (raybench.trainer.health has both rules). Not converged when most of them peaked late: on a plateau one run in
+    ten peaks late by chance. Collapsed when any did: a collapse is an event, not noise."""
+
+    runs: int = 0
+    late: int = 0
+    collapsed: int = 0
+    late_reason: str = ""
+    collapse_reason: str = ""
+
+    @classmethod
+    def of(cls, summary: SweepSummary) -> RowHealth:
+        runs = [r for r in summary.replicates.runs if r.status == TrialStatus.OK]
+        if not runs and summary.selected is not None:
+            runs = [summary.selected]
+        late = [r for r in runs if r.not_converged]
+        collapsed = [r for r in runs if r.pseudo_labels_collapsed]
+        return cls(len(runs), len(late), len(collapsed), late[0].not_converged or "" if late else "",
+                   collapsed[0].pseudo_labels_collapsed or "" if collapsed else "")
+
+    @property
+    def not_converged(self) -> bool:
+        return self.runs > 0 and 2 * self.late > self.runs
+
+    def flags(self) -> list[str]:
+        """`not converged (3/3 peaked late)`, `pseudo-labels collapsed (1/3)`: what a row's reader must see."""
+        flags = [f"not converged ({self.late}/{self.runs} peaked late)"] if self.not_converged else []
+        return flags + ([f"pseudo-labels collapsed ({self.collapsed}/{self.runs})"] if self.collapsed else [])
+
+    def findings(self) -> list[tuple[str, str]]:
+        """(kind, detail) for each flag, with the first flagged run's own reason: a results page writes
+        `kind: detail`, a comparison puts the row's name between them."""
+        found = []
+        if self.not_converged:
+            detail = (f"{self.late} of {self.runs} runs of the selected config peaked late ({self.late_reason}); "
+                      f"raise the epochs (sweep --converge)")
+            found.append(("Not converged", detail))
+        if self.collapsed:
+            detail = f"in {self.collapsed} of {self.runs} runs of the selected config ({self.collapse_reason})"
+            found.append(("Pseudo-labels collapsed", detail))
+        return found
+
+    def notices(self) -> list[str]:
+        """The findings as lines of a sweep's own results."""
+        return [f"{kind}: {detail}" for kind, detail in self.findings()]
+
+
+def trial_flags(trial: TrialRecord) -> str:
+    """A trial's status suffix: ` (selection blind; not converged; pseudo-labels collapsed)`, or nothing."""
+    flags = [name for name, flagged in (("selection blind", trial.selection_blind), ("not converged", trial.not_converged),
+                                        ("pseudo-labels collapsed", trial.pseudo_labels_collapsed)) if flagged]
+    return f" ({'; '.join(flags)})" if flags else ""
+
+
 def tied_trials(finished: list[TrialRecord]) -> str | None:
     """One line when two or more finished trials all scored the same selection value: the search then kept
     the first by order, not by merit, however well each trial's own epochs were chosen."""
@@ -222,13 +284,22 @@ def markdown(summary: SweepSummary, found: Importances | None = None) -> str:
     else:
         lines += _selected_lines(summary, summary.selected)
     lines += ["", *markdown_lines(found or sweep_importances(summary))]  # before the trials: a long description is cut at its end
-    lines += ["", "| trial | status | selection value | best epoch |", "|---|---|---|---|"]
+    lines += ["", "| trial | status | selection value | best epoch of epochs run |", "|---|---|---|---|"]
     for t in summary.trials:
         value = "" if not _finite(t.selection_value) else f"{t.selection_value:.4f}"
         status = f"failed: {t.failure_reason}" if t.status == TrialStatus.FAILED else t.status.value
-        status += " (selection blind)" if t.selection_blind else ""
-        lines.append(f"| `{t.trial_id}` | {status} | {value} | {t.best_epoch} |")
+        status += trial_flags(t)
+        lines.append(f"| `{t.trial_id}` | {status} | {value} | {epoch_of(t)} |")
     return "\n".join(lines) + "\n"
+
+
+def epoch_of(trial: TrialRecord) -> str:
+    """`4 of 10`: its best epoch (1-based) among those it ran; the bare index for records that lack the count."""
+    if trial.best_epoch is None:
+        return ""
+    if trial.epochs_run is None:
+        return f"{trial.best_epoch:g}"
+    return f"{trial.best_epoch + 1:g} of {trial.epochs_run:g}"
 
 
 def _selected_lines(summary: SweepSummary, sel: TrialRecord) -> list[str]:
@@ -256,7 +327,7 @@ def notices(summary: SweepSummary) -> list[str]:
         lines.append(f"Selection is blind: {summary.selection_blind}")
     if summary.selected is not None and summary.selected.selection_note:
         lines.append(f"Held out: {summary.selected.selection_note}")
-    return lines
+    return lines + RowHealth.of(summary).notices()
 
 
 def nothing_selected(summary: SweepSummary) -> str:

@@ -35,10 +35,19 @@ from raybench.paths import (
 )
 from raybench.plugins import module_names as plugin_modules
 from raybench.plugins import runtime_env_modules
-from raybench.records import Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
+from raybench.records import (
+    ConvergenceAttempt,
+    Replicates,
+    Selection,
+    SweepState,
+    SweepSummary,
+    TrialRecord,
+    TrialStatus,
+)
 from raybench.sweep import options as sweep_options
 from raybench.sweep import results as tables
 from raybench.sweep import state_seal
+from raybench.sweep.converge import DEFAULT_ATTEMPTS, Attempt, ConvergeRule, run_until_converged, scale_text
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.importance import MIN_TRIALS, Importances, importances
 from raybench.sweep.local_cluster import check_local_cluster
@@ -100,6 +109,8 @@ class Prepared:
     storage: Path
     epochs: int  # a trial's length, where ASHA's last rung lies
     report: dict[str, Any]  # what result tables call the splits and which cells a comparison shows
+    # The convergence rule's earlier attempts this sweep supersedes (raybench.sweep.converge); its summary names them
+    attempts: list[ConvergenceAttempt] = dataclasses.field(default_factory=list)
 
 
 def dataset_for_trials(options: SweepOptions, space: SearchSpace) -> ShiftDataset:
@@ -137,10 +148,12 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     # Reference models of multi-stage methods, shared by every trial and sweep under this storage.
     resolved.fixed.update({"selection_metric": metric, "seed": options.seed, "stage_cache": str(storage / "stage_cache"),
                            **overrides})
+    resolved = resolved.with_epochs_scale(options.epochs_scale)  # an attempt of the convergence rule: every config alike
     from raybench.trainer import TrainConfig
 
     dry_run = TrainConfig.from_flat(resolved.materialize(midpoints(resolved))).resolve(dataset)  # one full config
     dry_run.check_model_builds(dataset)
+    check_last_attempt(options, resolved, dataset)
     if options.scheduler == "asha" and options.grace_period >= dry_run.epochs:
         raise OptionError(f"--grace-period: a trial runs {dry_run.epochs} epoch(s), so ASHA can only stop it with a grace "
                           f"period under that, got {options.grace_period}")
@@ -200,6 +213,49 @@ def check_options(options: SweepOptions) -> None:
     problem = writable_dir_problem(Path(options.storage)) or file_lock_problem(Path(options.storage))
     if problem:
         raise OptionError(f"--storage: {problem}")
+    check_converge(options)
+
+
+def check_converge(options: SweepOptions) -> None:
+    """--converge-attempts means nothing without --converge; and every attempt's name must be a sweep name, so
+    that a later attempt is not refused only after the first ones trained (judged at the first attempt: a later
+    one's name is one of those)."""
+    if options.converge is None:
+        if options.converge_attempts is not None:
+            raise OptionError(f"--converge-attempts: expected only with --converge FACTOR (it caps the attempts of "
+                              f"the convergence rule), got {options.converge_attempts} without it")
+        return
+    if options.epochs_scale != 1:
+        return
+    for name in converge_rule(options).names(options.sweep_name("")):
+        if name_problem(name):
+            raise OptionError(f"--converge: its attempt {name!r} cannot name a sweep ({name_problem(name)}); "
+                              f"give a shorter --name")
+
+
+def check_last_attempt(options: SweepOptions, resolved: ResolvedSpace, dataset: ShiftDataset) -> None:
+    """With --converge, the first attempt dry-runs the last one's config too (the midpoint config, as prepare's
+    own dry run): epochs raised past what a config takes are refused now, not after the attempts before it
+    trained."""
+    if options.converge is None or options.epochs_scale != 1:
+        return
+    from raybench.trainer import ConfigError, TrainConfig
+
+    rule = converge_rule(options)
+    scale = rule.scale(rule.attempts)
+    raised = resolved.with_epochs_scale(scale)
+    try:
+        TrainConfig.from_flat(raised.materialize(midpoints(raised))).resolve(dataset)
+    except ConfigError as err:
+        raise OptionError(f"--converge: its last attempt, {rule.name(options.sweep_name(''), rule.attempts)!r}, "
+                          f"trains every config's epochs x{scale_text(scale)}, more than a config takes ({err}); "
+                          f"give fewer --converge-attempts or a smaller factor") from None
+
+
+def converge_rule(options: SweepOptions) -> ConvergeRule:
+    """The convergence rule --converge and --converge-attempts ask for."""
+    assert options.converge is not None
+    return ConvergeRule(options.converge, options.converge_attempts or DEFAULT_ATTEMPTS)
 
 
 def _check_storage_for(name: str, storage: Path, resume: bool, uri: str) -> None:
@@ -381,6 +437,39 @@ def _param_text(param: Param) -> str:
     if param.values:
         return f"{param.distribution}({', '.join(map(str, param.values))})"
     return f"{param.distribution}[{param.low}, {param.high}]"
+
+
+def sweep_until_converged(options: SweepOptions, space: SearchSpace | None = None,
+                          say: Callable[[str], None] = announce) -> tuple[SweepSummary, str]:
+    """(the sweep's summary, its tracking URI): one sweep, or with --converge the attempts of the convergence rule
+    (raybench.sweep.converge), each prepared and run as its own sweep, until one converged or the cap; the last
+    one's summary is the result. Every check of an attempt is made before its own cluster work, and those that
+    can be judged for all attempts at once (their names) by the first attempt's (check_converge)."""
+    if options.converge is None:
+        prepared = prepare(options, space)
+        return run_sweep(prepared), prepared.tracking_uri
+    uris: list[str] = []
+
+    def run_attempt(attempt: Attempt) -> SweepSummary:
+        prepared = prepare(attempt_options(options, attempt), space)
+        prepared.attempts = list(attempt.earlier)
+        uris.append(prepared.tracking_uri)
+        return run_sweep(prepared)
+
+    summary = run_until_converged(options.sweep_name(""), converge_rule(options), run_attempt, say)
+    return summary, uris[-1]
+
+
+def attempt_options(options: SweepOptions, attempt: Attempt) -> SweepOptions:
+    """The options of one attempt: the sweep as asked, under the attempt's name with its epochs scale. A
+    `--resume` resumes a later attempt only where it started (it may never have: the earlier attempt converged,
+    or the resume is what applies the rule to a finished sweep); else the attempt starts."""
+    if attempt.number == 1:
+        return options
+    chosen = dataclasses.replace(options, name=attempt.name, epochs_scale=attempt.epochs_scale)
+    uri = options.tracking_uri or default_tracking_uri()
+    started = sweep_options.resume_accepted(chosen) or recorded_in_store(uri, attempt.name)
+    return dataclasses.replace(chosen, resume=options.resume and started)
 
 
 def run_sweep(prepared: Prepared) -> SweepSummary:
@@ -640,7 +729,9 @@ def _summary(prepared: Prepared, trials: list[TrialRecord], selected: TrialRecor
         replicates=Replicates(seeds, sum(r.status == TrialStatus.OK for r in replicates), replicates,
                               tables.summarize(replicates)),
         wall_seconds=round(seconds, 1),
-        compute={"search": tables.compute_totals(trials), "replicates": tables.compute_totals(replicates)})
+        compute={"search": tables.compute_totals(trials), "replicates": tables.compute_totals(replicates)},
+        epochs_scale=None if prepared.options.epochs_scale == 1 else prepared.options.epochs_scale,
+        attempts=list(prepared.attempts) or None)
 
 
 def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, found: Importances) -> None:
@@ -673,6 +764,8 @@ def _record(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, tr
     headline.update({f"compute/{stage}/{name}": value for stage, totals in (summary.compute or {}).items()
                      for name, value in totals.items()})
     headline["wall_seconds"] = summary.wall_seconds
+    if summary.epochs_scale is not None:  # an attempt of the convergence rule: its epochs were raised
+        headline["epochs_scale"] = summary.epochs_scale
     tracker.log_summary(tables.markdown(summary, found), headline)
     _log_plots(prepared, tracker, summary, found)
     checkpoint = Path(selected.checkpoint) / "best_model.pt" if selected and selected.checkpoint else None

@@ -25,6 +25,7 @@ from raybench.algorithms import ALGORITHMS
 from raybench.data import DATASETS, ShiftDataset
 from raybench.settings import Distribution, FieldType
 from raybench.sweep import space_catalog
+from raybench.sweep.converge import scaled_epochs
 from raybench.trainer import ConfigError, TrainConfig
 
 TOP_KEYS = {"algorithm", "description", "search", "fixed", "derived", "datasets"}
@@ -179,6 +180,7 @@ class ResolvedSpace:
     derived: dict[str, Derived]
     default_epochs: int
     lr_center: float
+    epochs_scale: float = 1.0  # the convergence rule's raise of every config's epochs (with_epochs_scale)
 
     def materialize(self, sampled: Mapping[str, Any]) -> dict[str, Any]:
         """The full flat trainer config of a trial: fixed values, then sampled, then derived ones."""
@@ -191,6 +193,49 @@ class ResolvedSpace:
     def _derive(self, rule: Derived, config: Mapping[str, Any]) -> Any:
         k = int(config.get("unlabeled_ratio") or 1)
         return max(1, math.ceil(rule.factor * self.default_epochs / (k + 1)))
+
+    def with_epochs_scale(self, scale: float) -> ResolvedSpace:
+        """This space with every config's epochs raised by `scale` alike (the convergence rule, `sweep
+        --converge`): the dataset's E that `ratio_epochs` derives from becomes ceil(E x scale), so a method keeps
+        its budget's ratio to ERM's; a space that leaves epochs to the dataset (ERM) fixes ceil(E x scale); a
+        fixed value, or a searched one's values or bounds, are raised the same. The search draws the same
+        configs (its other distributions are untouched); patience and everything else stay. A copy: the
+        space itself is unchanged."""
+        if scale == 1:
+            return self
+        epochs = scaled_epochs(self.default_epochs, scale)
+        fixed, search = dict(self.fixed), dict(self.search)
+        if "epochs" in search:
+            search["epochs"] = _scaled_param(search["epochs"], scale)
+        elif not _unset(fixed.get("epochs")):
+            fixed["epochs"] = _scaled_setting(fixed["epochs"], scale)
+        elif "epochs" not in self.derived:
+            fixed["epochs"] = epochs
+        return dataclasses.replace(self, search=search, fixed=fixed, derived=dict(self.derived), default_epochs=epochs,
+                                   epochs_scale=self.epochs_scale * scale)
+
+
+def _unset(value: Any) -> bool:
+    """A fixed `epochs` that leaves them to the dataset: absent, None, or `none` as --set spells it."""
+    return value is None or (isinstance(value, str) and value.strip().lower() == "none")
+
+
+def _scaled_setting(value: Any, scale: float) -> Any:
+    """A fixed `epochs` raised by `scale`; --set gives the word as typed ("4"). A value that is no finite
+    number is left as it is, for the config's own check to refuse by name."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value
+    return scaled_epochs(number, scale) if math.isfinite(number) and not isinstance(value, bool) else value
+
+
+def _scaled_param(param: Param, scale: float) -> Param:
+    """A searched `epochs` raised by `scale`: each choice rounded up, a range's ends multiplied (the same draw
+    then lands `scale` times as far)."""
+    if param.values:
+        return dataclasses.replace(param, values=tuple(scaled_epochs(v, scale) for v in param.values))
+    return dataclasses.replace(param, low=param.low * scale, high=param.high * scale)
 
 
 def _plain(value: Any) -> Any:

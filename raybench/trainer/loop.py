@@ -51,13 +51,21 @@ from raybench.checkpoints import (
     write_model_checkpoint,
 )
 from raybench.data import ShiftDataset, Split, default_data_dir, load_dataset
-from raybench.data.base import Batch, move_to
+from raybench.data.base import Batch, TaskKind, move_to
 from raybench.data.prefetch import Prefetcher, is_lazy, pinned
 from raybench.models import FeaturizerHead, ModelSpec, build_model
-from raybench.report_keys import SELECTION_BEST, SELECTION_BLIND, STAGE_WEIGHTS_FACT
+from raybench.report_keys import (
+    COLLAPSE_FACT,
+    CONVERGENCE_FACT,
+    PSEUDO_FACT,
+    SELECTION_BEST,
+    SELECTION_BLIND,
+    STAGE_WEIGHTS_FACT,
+)
 from raybench.trainer.batches import balanced_batches, cycle_batches, epoch_batches, multiset_batches, weighted_batches
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 from raybench.trainer.config import ConfigError, TrainConfig
+from raybench.trainer.health import PseudoLabelHealth, class_prior, convergence_note
 from raybench.trainer.optim import GuardedStep, Schedule, build_optimizer, build_schedule
 from raybench.trainer.rng import capture_rng, derived_seed, preserved_rng, restore_rng, seed_everything, seeded_rng
 from raybench.trainer.stages import StageCache, stage_key
@@ -189,6 +197,18 @@ def compile_model(model: FeaturizerHead, mode: str) -> None:
         part.compile(mode=mode)
 
 
+def epoch_means(sums: Mapping[str, Tensor], steps: int) -> dict[str, float]:
+    """An epoch's logs as `train/<name>` means per step, read from the device once: a vector log (pseudo-labels
+    per class) becomes one metric per entry, `train/<name>/<i>`."""
+    means: dict[str, float] = {}
+    for key, total in sums.items():
+        if total.dim() == 0:
+            means[f"train/{key}"] = float(total) / steps
+        else:
+            means.update({f"train/{key}/{i}": value / steps for i, value in enumerate(total.tolist())})
+    return means
+
+
 class Trainer:
     """Trains one config on one dataset; `fit()` returns the best model and its metrics."""
 
@@ -222,6 +242,7 @@ class Trainer:
         self.labeled_bs, self.unlabeled_bs, self.steps_per_epoch = epoch.labeled_batch, epoch.unlabeled_batch, epoch.steps
         self.budget = self.config.budget(self.dataset)
         self.progress = _Progress()
+        self._prior: tuple[float, ...] | None = None  # the labeled training set's class shares, once counted
         self.best_state: dict[str, Tensor] | None = None  # the best epoch of the current round
         self.previous_round_state: dict[str, Tensor] | None = None  # the last round's best: the next teacher
         self.final_state: dict[str, Tensor] = {}
@@ -475,10 +496,13 @@ class Trainer:
             metrics = {**train_logs, **self._evaluate(algorithm), "lr": optimizer.param_groups[0]["lr"],
                        **self.budget.metrics(), **self.progress.spent.metrics(len(self.train_split))}
             is_best = self._record(algorithm, metrics)
+            self._report_pseudo_labels()
             self.progress.epoch += 1
             stops_early = bool(self.config.patience) and metrics["epochs_since_best"] >= self.config.patience
             if last_round and (stops_early or self.progress.epoch >= round_end):
                 self._flag_blind_selection()  # before the run's last report, which is what a sweep keeps
+                if not stops_early:  # patience ending a run says its metric had stopped rising
+                    self._flag_late_best()
             report = EpochReport(
                 epoch=self.progress.epoch - 1, round=self.progress.round, metrics=dict(self.progress.history[-1]),
                 best_metrics=dict(self.progress.best_metrics), is_best=is_best,
@@ -527,7 +551,7 @@ class Trainer:
             self.data_wait_s += steps.wait_s
         self._raise_if_diverged()
         self.train_s += time.perf_counter() - started
-        return {f"train/{k}": float(v) / self.steps_per_epoch for k, v in sums.items()}
+        return epoch_means(sums, self.steps_per_epoch)
 
     def _raise_if_diverged(self) -> None:
         """DivergenceError naming the epoch and step of the epoch's first non-finite loss, if there was one (a
@@ -631,6 +655,33 @@ class Trainer:
         values = self.progress.round_values(self.config.selection_metric, self.config.epochs)
         if len(values) >= 2 and all(v == values[0] for v in values):
             self._info({"selection_blind": SELECTION_BLIND})
+
+    def _flag_late_best(self) -> None:
+        """Tell callbacks when a run that ran its whole last round scored its best epoch in the round's late
+        epochs (raybench.trainer.health): the number is the budget's, not the method's."""
+        if self.pretext:
+            return
+        first = self.progress.round * self.config.epochs
+        note = convergence_note(self.progress.best_epoch - first, self.progress.epoch - first)
+        if note:
+            self._info({CONVERGENCE_FACT: note})
+
+    def _report_pseudo_labels(self) -> None:
+        """The selected epoch's pseudo-labels in words, and whether they collapsed onto a class, for runs whose
+        algorithm logs them (raybench.algorithms.base.pseudo_label_logs): updated as the selected epoch moves."""
+        if self.pretext:
+            return
+        health = PseudoLabelHealth.of(self.progress.best_metrics, self._class_prior(), self.steps_per_epoch)
+        if health is not None:
+            self._info({PSEUDO_FACT: health.describe(), COLLAPSE_FACT: health.collapse or ""})
+
+    def _class_prior(self) -> tuple[float, ...]:
+        """The labeled training set's class shares (classification; none otherwise), counted once."""
+        if self._prior is None:
+            task = self.dataset.task
+            labels = self.train_split.y.tolist() if task.kind is TaskKind.CLASSIFICATION else []
+            self._prior = class_prior(labels, task.n_outputs) if labels else ()
+        return self._prior
 
     def _info(self, facts: dict[str, str]) -> None:
         """Record facts and tell callbacks about those that are new or changed."""
