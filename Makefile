@@ -62,7 +62,8 @@ demo: $(STAMP)
 	$(BIN)/raybench sweep dann --dataset digits-shift $(DEMO_FLAGS) --name demo-dann \
 		$(if $(wildcard runs/demo-dann-search),--resume)
 
-# The #2 scientific check: ERM, DANN and FixMatch defaults, 3 seeds each (about 8 minutes on 2 cores).
+# The scientific check (benchmarks/README.md, "Scientific check"): ERM, DANN and FixMatch defaults, 3 seeds each
+# (about 8 minutes on 2 cores).
 check: $(STAMP)
 	$(BIN)/python benchmarks/digits_shift_check.py
 

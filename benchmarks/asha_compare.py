@@ -6,7 +6,7 @@ end (`--scheduler fifo`), once with ASHA on OOD validation (`--scheduler asha`),
 replicates of its selected config. It prints, for each: the search's compute (trial-seconds, CPU-seconds),
 how many trials ASHA stopped early, the selected config, and the replicates' OOD-test and ID-test mean ± std;
 then ASHA's share of FIFO's search compute and whether ASHA's selected OOD-test mean lies within one std
-(FIFO's replicates) of FIFO's. Goal (issue #9): <= 50 % of the compute, within one std.
+(FIFO's replicates) of FIFO's. Goal (ASHA's, with the sweep overhead's): <= 50 % of the compute, within one std.
 
     .venv/bin/python benchmarks/asha_compare.py [--space erm] [--trials 20] [--seed 0] [--grace-period 1]
         [--reduction-factor 3] [--replicates 3] [--set KEY=VALUE ...]

@@ -1,4 +1,5 @@
-"""Run a benchmark file, kill it outright halfway, resume it, and count the MLflow runs (issue #13's verification).
+"""Run a benchmark file, kill it outright halfway, resume it, and count the MLflow runs: the check that
+a benchmark resumes from each sweep's own results.
 
     .venv/bin/python benchmarks/benchmark_resume_check.py [FILE] [--out DIR] [--kill-after N]
 

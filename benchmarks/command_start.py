@@ -1,5 +1,5 @@
-"""How long the commands that only read declarations take as whole processes (issue #24, goal: at most 1.5 s each
-on a quiet machine), before and after a change, side by side in one run.
+"""How long the commands that only read declarations take as whole processes (goal: at most 1.5 s each on
+a quiet machine), before and after a change, side by side in one run.
 
 Each command runs as a shell starts it (`python -m raybench.cli ...`, a fresh interpreter), from the raybench of
 `--before` (a git revision exported to a temporary folder) and from this checkout, in turns so both meet the same

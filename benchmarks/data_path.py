@@ -1,4 +1,5 @@
-"""Decode-bound data path (issue #14): raybench's trainer reading ahead, reading on demand, and a plain DataLoader.
+"""Decode-bound data path, for the trainer's read-ahead: raybench's trainer reading ahead, reading on demand, and
+a plain DataLoader.
 
 The data is iWildCam in the exact on-disk format the wilds package reads (tests/wilds_fixtures/iwildcam.py),
 written at the paper's 448 x 448 px as JPEG, with enough training images for `--steps` steps. The models are

@@ -1,5 +1,5 @@
 """Where a sweep's fixed start and end go: one smoke sweep of one function trial, run as a whole process as a user
-runs `raybench sweep`, its time split into the phases issue #24 names, medians over several runs.
+runs `raybench sweep`, its time split into the phases below, medians over several runs.
 
 Each run is a fresh interpreter (`--one`) that records, by the wall clock:
 

@@ -1,4 +1,5 @@
-"""Where a command's CPU time goes, by the kind of process that spent it (issue #18: the suite's 30 minutes).
+"""Where a command's CPU time goes, by the kind of process that spent it (the map for
+the goal of a 30-minute suite).
 
     .venv/bin/python benchmarks/suite_cpu.py                       # `make test`
     .venv/bin/python benchmarks/suite_cpu.py --json cpu.json -- make test PYTEST_ARGS=-x

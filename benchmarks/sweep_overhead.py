@@ -44,7 +44,7 @@ import torch
 if TYPE_CHECKING:
     from raybench.records import SweepSummary
 
-USEFUL_WORK_GOALS = {"train": 0.80, "function": 0.92}  # issue #9
+USEFUL_WORK_GOALS = {"train": 0.80, "function": 0.92}  # the useful-work fraction each executor should reach
 
 
 def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root: Path,

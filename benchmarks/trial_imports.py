@@ -1,5 +1,6 @@
-"""What a trial's process pays to unpickle its trainable (issue #24): before and after the trainables moved out of
-the driver's backend (raybench/sweep/ray_backend.py) into raybench/sweep/ray_trial.py, side by side in one run.
+"""What a trial's process pays to unpickle its trainable, part of a sweep's start-up:
+before and after the trainables moved out of the driver's backend (raybench/sweep/ray_backend.py) into
+raybench/sweep/ray_trial.py, side by side in one run.
 
 Tune pickles each trainable in the sweep's process (wrapped into a Trainable class, with Ray's cloudpickle) and
 unpickles it in every trial process it starts, importing the module of everything the pickle names. For each

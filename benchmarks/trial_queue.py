@@ -14,8 +14,8 @@ A mode may name how many sweeps run at once (`queue@3`: the benchmark file's cop
 in the trial queue may exceed the cap: a sweep starting up, or between its stages, leaves its slot to another's.
 
 For each it prints the wall time, the busy slot-seconds (the sum of every run's wall seconds, as the runs' own
-completed records give them) and the slot utilisation, busy / (cap x wall). Goal (issue #24): utilisation
->= 0.90 with the queue, and a lower wall time than the static split's in the same run.
+completed records give them) and the slot utilisation, busy / (cap x wall). Goal of the one trial
+queue: utilisation >= 0.90 with the queue, and a lower wall time than the static split's in the same run.
 
 It also says where the idle slot-seconds went (`idle_by_handover`): before each slot's first run and after its
 last, and in the gaps between one run's end and the next run's start on a slot, by what the next run is: the

@@ -28,6 +28,7 @@ from raybench.sweep.command import (
     resume_command,
 )
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, ConvergeRule, converge_attempts, converge_factor
+from raybench.words import COMPARE_FORMATS, RESULT_FORMATS, SELECTION_RULES
 
 TRACKING_URI = nonblank("an MLflow tracking URI")  # an empty one silently meant the default store
 
@@ -372,6 +373,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 # ----- raybench benchmark -----------------------------------------------------------------------
 def cmd_benchmark(args: argparse.Namespace) -> int:
     from raybench.paths import path_problem
+    from raybench.sweep import progress
     from raybench.sweep.benchmark import BenchmarkInterrupted, BenchmarkOptions, outcome_text, plan_text, run_benchmark
     from raybench.sweep.benchmark_file import BenchmarkError, bind_pairs, load_benchmark
     from raybench.sweep.errors import ClusterError, OptionError, SweepExists
@@ -403,7 +405,8 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
                                spaces=tuple(str(Path(folder).resolve()) for folder in args.spaces), converge=rule)
     with Signals() as signals:
         try:
-            outcome = run_benchmark(benchmark, options)
+            with progress.showing(progress.display_for(args.quiet, args.progress_every)):
+                outcome = run_benchmark(benchmark, options)
         except (SweepExists, OptionError) as err:
             raise UsageError(str(err)) from None
         except TrackingError as err:
@@ -461,7 +464,9 @@ def add_benchmark_parser(sub: Any) -> None:
                    help="MLflow tracking URI; default: sqlite:///mlflow.db in the working directory")
     b.add_argument("--storage", default="runs", type=nonblank("a folder"), help="where the sweeps and the benchmark's records are written")
     b.add_argument("--progress-every", type=progress_seconds, default=30.0, metavar="SECONDS",
-                   help="seconds between progress lines while no pair ends")
+                   help="without a terminal (a file, a pipe, CI) or with --quiet: seconds between progress lines "
+                        "while no pair ends; also each pair's sweep's interval in its log")
+    b.add_argument("--quiet", action="store_true", help="no live progress display on a terminal: plain lines, as in a log")
     b.add_argument("--converge", type=converge_factor, metavar="FACTOR",
                    help="each pair under WILDS 2.0 App. D's convergence rule, as `raybench sweep --converge` "
                         "(overrides the file's converge.factor); with --resume, applies it to finished pairs")
@@ -841,7 +846,7 @@ def add_sweep_parser(sub: Any) -> None:
 
     r = sub.add_parser("results", help="read a finished sweep back from MLflow")
     r.add_argument("name")
-    r.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    r.add_argument("--format", choices=RESULT_FORMATS, default="table")
     r.add_argument("--tracking-uri", type=TRACKING_URI)
     r.add_argument("--plots", metavar="DIR", type=nonblank("a folder"), help="also copy the sweep's figures (PNG) into DIR")
     r.set_defaults(run=cmd_results)
@@ -851,9 +856,9 @@ def add_sweep_parser(sub: Any) -> None:
     c.add_argument("--algorithms", type=name_list, default=(), metavar="A,B", help="only these algorithms (comma-separated)")
     c.add_argument("--sweeps", type=name_list, default=(), metavar="NAME,NAME",
                    help="only these sweeps, in this row order (default: every sweep, oldest first)")
-    c.add_argument("--selection", choices=["ood_val", "id_val", "oracle"],
+    c.add_argument("--selection", choices=tuple(SELECTION_RULES),
                    help="only sweeps selected this way (default: all; oracle rows are kept apart and never ranked)")
-    c.add_argument("--format", choices=["table", "csv", "json", "markdown", "latex"], default="table")
+    c.add_argument("--format", choices=tuple(COMPARE_FORMATS), default="table")
     c.add_argument("--plot", metavar="FILE.png", type=nonblank("a file name ending in .png"), help="also draw the comparison (mean ± std per method) into this PNG")
     c.add_argument("--stats", action="store_true",
                    help="replace the within-one-std marks by statistics: each cell's 95%% interval of the mean, each "

@@ -35,9 +35,6 @@ class Allowed:
     # they are ("a finite positive number") and a refusal for size says both.
     limit: float | None = None
 
-    def admits(self, value: Any) -> bool:
-        return self.admits_meaning(value) and not self.beyond_limit(value)
-
     def admits_meaning(self, value: Any) -> bool:
         if self.choices:
             return value in self.choices

@@ -76,7 +76,6 @@ DRIVER_TAG = "raybench.driver"  # host:pid:start of the process running the swee
 RESUME_TAG = "raybench.resume_command"
 STORAGE_TAG = "raybench.storage"  # the --storage folder (resolved) whose driver owns the sweep's name
 LOCK_TAG = "raybench.lock"  # the sweep lock on --storage its driver holds, and who (host, pid) took it
-BLIND_TAG = "raybench.selection_blind"
 # MLflow 3's UI opens an experiment of this kind on its runs table (nested trials under the sweep), where an
 # untagged one lands on the GenAI traces overview ("No data available").
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"

@@ -1,5 +1,5 @@
-"""The benchmark planner trusts nothing it has not checked (issue #32, points 11 and 8): `--plan` binds each space
-to its dataset as the pair's sweep will, `replicates: 0` is refused, a resume refuses an edited grid unless
+"""The benchmark planner trusts nothing it has not checked, against hostile inputs and faults: `--plan` binds each
+space to its dataset as the pair's sweep will, `replicates: 0` is refused, a resume refuses an edited grid unless
 `--force`, a damaged summary.json under --storage costs only its own pair, and a damaged SQLite tracking store is
 one line naming it in `results`, `compare` and `sweep`.
 

@@ -1,6 +1,6 @@
-"""Values far outside any sane range, and values of the wrong shape, are refused at load in one line (issue #32,
-point 7); then the loaders are fuzzed: generated space files, benchmark grids and `--set` values either load or
-end in ONE line with exit 2, no traceback, and nothing written.
+"""Values far outside any sane range, and values of the wrong shape, are refused at load in one line (upper bounds
+on every setting and flag); then the loaders are fuzzed: generated space files, benchmark grids and `--set`
+values either load or end in ONE line with exit 2, no traceback, and nothing written.
 
 Every command runs in-process from an empty working directory; none of them starts Ray: `space show` and
 `benchmark --plan` never do, and a `sweep` or `benchmark` is only run on an input that `space show` or `--plan`

@@ -1,5 +1,5 @@
-"""Commands that only read declarations or records start without the heavy packages (issue #24): each runs in a
-fresh interpreter, as a shell starts it, and the test reads which of torch, Ray and MLflow that process imported.
+"""Commands that only read declarations or records start without the heavy packages: each runs in a fresh
+interpreter, as a shell starts it, and the test reads which of torch, Ray and MLflow that process imported.
 It times nothing; an import is what costs the seconds (torch alone takes several), and an import is what a
 change brings back.
 

@@ -60,6 +60,29 @@ def test_multiset_batches_draw_the_multiset_without_replacement():
     assert sorted(draws.tolist()) == [0, 1, 2, 2, 2]
 
 
+def test_balanced_plan_draws_as_spuco_by_default_and_exactly_on_request():
+    """SpuCo's CB, GB and GroupDRO draw |train| indices with replacement, P(i) proportional to 1/|group(i)|:
+    every group is drawn equally often in expectation, yet a batch of 12 over three groups often misses or
+    doubles one. `exact` holds 4, 4, 4 in every batch."""
+    from raybench.algorithms.base import balanced_plan
+
+    groups = torch.tensor([0] * 90 + [1] * 7 + [2] * 3)
+    expected = balanced_plan(groups, "expected")
+    assert expected.balance_by is None and expected.weights is not None
+    batches = list(weighted_batches(expected.weights, 12, steps=400, generator=torch.Generator().manual_seed(0)))
+    shares = torch.bincount(groups[torch.cat(batches)], minlength=3).double() / (12 * 400)
+    assert torch.allclose(shares, torch.full((3,), 1 / 3, dtype=torch.float64), atol=0.02), shares.tolist()
+    per_batch = [torch.bincount(groups[b], minlength=3).tolist() for b in batches]
+    assert any(counts != [4, 4, 4] for counts in per_batch), "the expected draw balanced every batch exactly"
+    assert torch.equal(balanced_plan(groups, "exact").balance_by, groups)
+
+
+@pytest.mark.parametrize("name", ["cb", "gb", "groupdro"])
+def test_balanced_methods_default_to_spucos_draw(name):
+    hparams = ALGORITHMS.get(name).Hparams()
+    assert hparams.batches == "expected"
+
+
 # ----- GroupDRO ------------------------------------------------------------------------------------------
 def test_groupdro_weights_move_toward_the_high_loss_group():
     losses = torch.tensor([0.1, 0.1, 2.0, 2.0])

@@ -138,7 +138,7 @@ def test_an_interrupted_stage_names_its_state():
 
 def test_a_record_from_before_its_optional_keys_loads_with_their_defaults():
     older = {"order": 3, "trial_id": "abc", "seed": 7, "sampled": {"lr": 0.01}, "status": "ok", "failure_reason": None,
-             "selection_value": 0.5, "best_epoch": 2, "metrics": {"best/test/acc": 0.4}}  # before #6 and #11
+             "selection_value": 0.5, "best_epoch": 2, "metrics": {"best/test/acc": 0.4}}  # before blind/note, node
     trial = TrialRecord.from_json(older)
     assert trial.status is TrialStatus.OK and trial.status.selectable
     assert (trial.selection_blind, trial.selection_note, trial.node, trial.checkpoint) == (False, None, None, None)

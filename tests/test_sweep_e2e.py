@@ -10,12 +10,15 @@ import json
 import math
 import re
 import statistics
+import subprocess
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 import pandas as pd
 import pytest
-from conftest import cli, on_head, run_cli, seeded_store
+from conftest import BIN, cli, on_head, run_cli, seeded_store
 from mlflow.tracking import MlflowClient
 
 from raybench.data import load_dataset
@@ -30,18 +33,47 @@ DANN_PANELS = ("search-classifier_lr.png", "search-discriminator_lr.png", "searc
                "search-penalty.png")
 
 
+@dataclass
+class LineSeen:
+    """A line of the sweep's output and what its --storage held the moment the test read it."""
+
+    text: str
+    tune_started: bool  # the search's Tune experiment folder exists
+    trials_ended: int  # completed-run records of the search
+
+
+def stream_sweep(args: list[str], env: dict, cwd: Path, storage: Path) -> tuple[int, list[LineSeen], str]:
+    """Run `raybench ARGS`, reading its stdout line by line as it runs, and note beside each line whether Tune had
+    started and how many search trials had ended by then; (exit status, the lines, stderr)."""
+    process = subprocess.Popen([str(BIN / "raybench"), *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, bufsize=1)
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.append(process.stderr.read()), daemon=True)
+    reader.start()
+    search = storage / "smoke-search"
+    seen = []
+    for line in process.stdout:
+        ended = len(list((search / "completed").glob("*.json"))) if (search / "completed").is_dir() else 0
+        seen.append(LineSeen(line.rstrip("\n"), search.exists(), ended))
+    code = process.wait(timeout=600)
+    reader.join(timeout=60)
+    return code, seen, "".join(errors)
+
+
 @pytest.fixture(scope="module")
 def smoke_sweep(tmp_path_factory, ray_head, empty_store):
     """One smoke sweep of DANN through the Ray Train executor (2 trials x 4 steps x 2 epochs, 2 replicates), on
-    the session's Ray head as a sweep on a cluster runs."""
+    the session's Ray head as a sweep on a cluster runs; its output read as it runs."""
     workdir = tmp_path_factory.mktemp("sweep")
     env = dict(ray_head.env)
     uri = seeded_store(empty_store, workdir / "mlflow.db")
-    proc = run_cli(on_head(["sweep", "dann", "--smoke", "--seed", str(SEED), "--name", "smoke", "--storage",
-                            str(workdir / "runs"), "--tracking-uri", uri], ray_head), env, workdir)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    code, seen, stderr = stream_sweep(on_head(["sweep", "dann", "--smoke", "--seed", str(SEED), "--name", "smoke",
+                                               "--storage", str(workdir / "runs"), "--tracking-uri", uri], ray_head),
+                                      env, workdir, workdir / "runs")
+    assert code == 0, stderr[-4000:]
     summary = json.loads((workdir / "runs" / "smoke" / "results" / "summary.json").read_text())
-    return {"dir": workdir, "uri": uri, "stdout": proc.stdout, "summary": summary, "env": env}
+    stdout = "\n".join(line.text for line in seen)
+    return {"dir": workdir, "uri": uri, "stdout": stdout, "seen": seen, "summary": summary, "env": env}
 
 
 def replay_random_sampler(space_name: str, seed: int, n: int, data_dir: Path) -> list[dict]:
@@ -229,16 +261,38 @@ def test_compute_totals_are_the_sums_over_runs_in_the_summary_mlflow_and_results
     assert "Compute: search 2 runs" in shown.stdout and "replicates 2 runs" in shown.stdout
 
 
+def test_the_phases_are_named_as_they_begin_and_0_of_n_comes_before_any_trial_ends(smoke_sweep):
+    """Read as the sweep ran: its first line came before it joined Ray and before Tune started, each phase is
+    named in the order it ran, and the search's `0/2` came while no trial had ended; piped, no escape code."""
+    seen = smoke_sweep["seen"]
+    first = seen[0]
+    assert first.text == "sweep smoke: checking the search space, the dataset and the flags"
+    assert not first.tune_started
+    texts = [line.text for line in seen]
+    phases = ["sweep smoke: checking", "dataset digits-shift: loading", "dataset digits-shift: ready in ",
+              "Ray: joining the cluster at 127.0.0.1:", "Ray: ready in ", "search: 0/2 done",
+              "replicates: 2 seeds of trial", "replicates: 0/2 done", "results: writing the summary"]
+    where = [next(i for i, text in enumerate(texts) if text.startswith(phase)) for phase in phases]
+    assert where == sorted(where), f"phases out of order: {texts[:12]}"
+    zero = seen[where[phases.index("search: 0/2 done")]]
+    assert zero.tune_started and zero.trials_ended == 0, "0/2 came after a trial ended"
+    assert not any(seen[i].tune_started for i in where[:phases.index("Ray: ready in ")]), "a phase line came late"
+    assert all("\x1b" not in text for text in texts), "an escape code in piped output"
+
+
 def test_the_console_shows_one_progress_line_per_run_and_none_of_tunes_boxes(smoke_sweep):
     summary, stdout = smoke_sweep["summary"], smoke_sweep["stdout"]
     progress = re.compile(r"^(search|replicates): (\d+/\d+ done,|\d+ seeds of trial )")
-    lines = [line for line in stdout.splitlines() if progress.match(line)]
-    heads = [line.split(",")[0] for line in lines]
+    firsts: dict[str, str] = {}  # each count's first line: an interval line repeats the count before it
+    for line in stdout.splitlines():
+        if progress.match(line):
+            firsts.setdefault(line.split(",")[0], line)
+    lines, heads = list(firsts.values()), list(firsts)
     selected = summary["selected"]
-    assert heads == ["search: 1/2 done", "search: 2/2 done",
+    assert heads == ["search: 0/2 done", "search: 1/2 done", "search: 2/2 done",
                      f"replicates: 2 seeds of trial {selected['trial_id']} (best of the search",
-                     "replicates: 1/2 done", "replicates: 2/2 done"]
-    assert f"best val/acc {selected['selection_value']:.4f}" in lines[1] and lines[1].endswith("ETA 0s")
+                     "replicates: 0/2 done", "replicates: 1/2 done", "replicates: 2/2 done"]
+    assert f"best OOD val acc {selected['selection_value']:.4f}" in lines[2] and lines[2].endswith("ETA 0s")
     assert "Configuration for experiment" not in stdout and "TensorBoard" not in stdout
     assert "wall time" in stdout and "Compute: search 2 runs" in stdout
     assert "hyperparameter importance for val/acc: fANOVA" in stdout  # the closing table is `results`'s

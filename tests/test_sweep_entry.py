@@ -145,7 +145,9 @@ def test_sigterm_stops_the_entry_points_sweep_as_interrupted_with_143(prefix, tm
     process = subprocess.Popen([sys.executable, "-c", prefix + WAITING, "erm", "--name", "s"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
     try:
-        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        assert process.stdout is not None
+        assert process.stdout.readline() == "sweep s: checking the search space, the dataset and the flags\n"
+        assert process.stdout.readline() == "ready\n"
         time.sleep(0.2)
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=60)

@@ -53,6 +53,8 @@ NON_DEFAULT: dict[str, Any] = {
     "extra_fixed": {"lr": "0.001", "augment": "false", "model_weights": "none", "note": "a=b"},
     # registers nothing: the CLI tests below load it in this process, whose registries other tests read
     "plugins": (str(REPO / "tests" / "plugin_fixtures" / "empty_plugin.py"), "json"),
+    "progress_every": 5.0,
+    "quiet": True,
     "parent_run": "0123abcd",
     "converge": 2.0,
     "converge_attempts": 4,
@@ -255,7 +257,8 @@ def test_the_benchmarks_command_for_a_pair_parses_back_to_the_options_the_pair_m
 
 def test_the_benchmark_passes_the_flags_it_always_passed():
     """Spelled even at their defaults (the pair's log shows the command); --replicates only when the pair sets
-    it, --smoke only when set, --resume when resuming, the queue's slot only in the queue."""
+    it, --smoke only when set, --resume when resuming, the queue's slot only in the queue; the benchmark's
+    --progress-every, so its pairs' logs move at the interval its user chose."""
     from raybench.sweep.benchmark import BenchmarkOptions, SweepTarget, sweep_command
 
     pair = a_pair()
@@ -263,7 +266,8 @@ def test_the_benchmark_passes_the_flags_it_always_passed():
                           SweepTarget("127.0.0.1:1", "sqlite:///x.db", "parent"), resume=False)
     flags = [word for word in words if word.startswith("--")]
     assert sorted(flags) == sorted(["--dataset", "--name", "--storage", "--tracking-uri", "--address", "--trials",
-                                    "--seed", "--selection", "--executor", "--max-concurrent", "--parent-run"])
+                                    "--seed", "--selection", "--executor", "--max-concurrent", "--parent-run",
+                                    "--progress-every"])
     assert words[3] == "/spaces/erm.yaml"
 
 

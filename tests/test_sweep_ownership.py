@@ -1,4 +1,5 @@
-"""One driver per sweep, and a sweep stays what it was started as (#32 points 1-3).
+"""One driver per sweep, and a sweep stays what it was started as (no name overwritten, no flag changed on
+resume).
 
 One real sweep runs (a subprocess on the session's Ray head); while it runs, a second driver of the same sweep
 is tried in this process, on the fresh SQLite store the first is creating: it must be refused by the sweep lock,
@@ -115,7 +116,7 @@ def one_line_refusal(proc: subprocess.CompletedProcess) -> str:
     return line
 
 
-# ----- point 3: a second driver while the first runs ---------------------------------------------------------
+# ----- a second driver while the first runs ----------------------------------------------------------------
 @pytest.mark.parametrize("attempt", ["new", "resume"])
 def test_a_second_driver_is_refused_naming_the_live_one_before_touching_mlflow(base_sweep, attempt):
     assert base_sweep["holder"].pid == base_sweep["pid"] and base_sweep["holder"].host == socket.gethostname()
@@ -142,7 +143,7 @@ def test_the_first_driver_alone_trained_and_recorded_the_lock_on_its_parent(base
     assert LockHolder.parse(lock.read_text()) is None  # released cleanly: it names nobody
 
 
-# ----- point 1: an existing sweep is never overwritten --------------------------------------------------------
+# ----- an existing sweep is never overwritten ---------------------------------------------------------------
 @pytest.mark.parametrize("extra", [[], ["--seed", "5"]])
 def test_a_new_sweep_of_an_existing_name_in_the_store_is_refused_from_another_storage(base_sweep, ray_head, extra):
     before = record_of(base_sweep)
@@ -156,7 +157,7 @@ def test_a_new_sweep_of_an_existing_name_in_the_store_is_refused_from_another_st
     assert not list(elsewhere.glob(f"{NAME}*"))  # no sweep folder (only the sweep lock, released)
 
 
-# ----- point 2: a resume keeps the recorded flags ---------------------------------------------------------------
+# ----- a resume keeps the recorded flags ----------------------------------------------------------------------
 @pytest.mark.parametrize("extra, flag, was, got", [
     (["--trials", "3"], "--trials", "2", "3"),
     (["--seed", "5"], "--seed", "0", "5"),
@@ -186,7 +187,7 @@ def test_a_resume_of_the_finished_sweep_with_its_own_flags_says_so_and_changes_n
     assert shown.returncode == 0 and f"sweep {NAME}: finished" in shown.stdout
 
 
-# ----- point 3: a lock held here, and a stale one left by a dead driver -------------------------------------------
+# ----- a lock held here, and a stale one left by a dead driver ---------------------------------------------------
 def test_a_resume_while_another_process_holds_the_lock_is_refused_naming_it(base_sweep):
     before = record_of(base_sweep)
     with take_lock(sweep_lock_path((base_sweep["dir"] / "runs").resolve(), NAME)) as held:

@@ -1,4 +1,4 @@
-"""A trial's process imports only what a trial runs (issue #24): Tune pickles each trainable in the sweep's process
+"""A trial's process imports only what a trial runs: Tune pickles each trainable in the sweep's process
 and unpickles it in every trial process, importing the module of everything it references. The trainables live in
 raybench/sweep/ray_trial.py, so that unpickling one imports neither the driver's backend (ray_backend.py) nor
 Optuna and Tune's searchers (benchmarks/trial_imports.py measures what that saves each trial process)."""

@@ -1,4 +1,4 @@
-"""benchmarks/trial_queue.py's account of idle slot-seconds (issue #24): runs laid onto slots from their own
+"""benchmarks/trial_queue.py's account of idle slot-seconds: runs laid onto slots from their own
 records, and each gap named by what the next run on that slot was. The README's figures rest on it."""
 from __future__ import annotations
 

@@ -119,6 +119,24 @@ class SamplingPlan:
             raise ValueError(f"epoch_examples: expected None or at least 1, got {self.epoch_examples}")
 
 
+BALANCE_DRAWS = ("expected", "exact")
+
+
+def balanced_plan(keys: Tensor, draw: str) -> SamplingPlan:
+    """Batches that weigh every key (class or group) equally, drawn as `draw` says.
+
+    - "expected", SpuCo's draw: |train| indices per epoch with replacement, example i with probability
+      proportional to 1 / |key(i)|, so a batch is balanced only in expectation (CB, GB and GroupDRO alike:
+      src/spuco/robust_train/class_balance_batch_erm.py:66-85, group_balance_batch_erm.py:73-92 and
+      group_dro.py:132-151 at 91842463a577b0a90b4f829fec367308f3052e9f; Sec. 3.1.1 says only "balanced").
+    - "exact": every batch holds equal counts of each key, the remainder going to random keys.
+    """
+    if draw == "exact":
+        return SamplingPlan(balance_by=keys)
+    counts = torch.bincount(keys)
+    return SamplingPlan(weights=1.0 / counts[keys].double())
+
+
 @dataclass
 class StageModel:
     """A model produced by an earlier stage (e.g. a reference ERM model) and what is known about it."""

@@ -1,7 +1,8 @@
-"""Group balancing: ERM on batches with equal counts of every (class, spurious attribute) group."""
+"""Group balancing: ERM on batches that weigh every (class, spurious attribute) group equally."""
 from __future__ import annotations
 
-from raybench.algorithms.base import SamplingPlan
+from raybench.algorithms.base import SamplingPlan, balanced_plan
+from raybench.algorithms.cb import BalancedHparams
 from raybench.algorithms.erm import ERM
 from raybench.algorithms.registry import register
 from raybench.data.base import Split, TaskKind
@@ -9,12 +10,14 @@ from raybench.data.base import Split, TaskKind
 
 @register("gb")
 class GroupBalanced(ERM):
-    """GB (SpuCo Sec. 3.1.1): every mini-batch holds equal numbers of examples of each training group.
+    """GB (SpuCo Sec. 3.1.1): mini-batches that weigh every training group equally.
 
-    loss = E_(x,y)~group-balanced batches [ CE(h(x), y) ]; uses the training group labels.
+    loss = E_(x,y)~group-balanced batches [ CE(h(x), y) ]; uses the training group labels. By default the
+    batches are balanced in expectation, as SpuCo's GroupBalanceBatchERM draws them (`balanced_plan`).
     """
 
+    Hparams = BalancedHparams
     supported_tasks = frozenset({TaskKind.CLASSIFICATION})
 
     def sampling(self, train: Split) -> SamplingPlan | None:
-        return SamplingPlan(balance_by=train.group)
+        return balanced_plan(train.group, self.hparams.batches)

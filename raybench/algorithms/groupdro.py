@@ -7,18 +7,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from raybench.algorithms.base import Algorithm, AlgorithmContext, Hparams, SamplingPlan, StepOutput
+from raybench.algorithms.base import (
+    BALANCE_DRAWS,
+    Algorithm,
+    AlgorithmContext,
+    Hparams,
+    SamplingPlan,
+    StepOutput,
+    balanced_plan,
+)
 from raybench.algorithms.registry import register
 from raybench.data.base import Batch, Split, TaskKind
 from raybench.models.base import FeaturizerHead
-from raybench.settings import NON_NEGATIVE, Suggest, setting
+from raybench.settings import NON_NEGATIVE, Allowed, Suggest, setting
 
 
 @dataclass
 class GroupDROHparams(Hparams):
     eta: float = setting(0.01, allowed=NON_NEGATIVE, suggest=Suggest.loguniform(0.001, 0.1),
                          help="step size of the group weights' exponentiated-gradient ascent (SpuCo: 0.01)")
-    balanced: bool = setting(True, help="group-balanced batches (SpuCo's are balanced in expectation)")
+    balanced: bool = setting(True, help="group-balanced batches (false: uniform batches)")
+    batches: str = setting("expected", allowed=Allowed(choices=BALANCE_DRAWS),
+                           help="how balanced batches are drawn. expected: SpuCo's draw, with replacement, "
+                                "P(i) proportional to 1/|group(i)|; exact: equal counts of every group in every batch")
 
 
 def group_losses(losses: Tensor, groups: Tensor, n_groups: int) -> tuple[Tensor, Tensor]:
@@ -53,10 +64,10 @@ class GroupDRO(Algorithm):
     over online group losses; batches are group-balanced when `balanced`. Group ids come from the
     training labels here; EIIL and SSA subclass this and supply inferred groups instead.
 
-    Batches: raybench's hold every group in equal counts (`balanced_batches`, the remainder of B going to random
-    groups); SpuCo's GroupDRO draws |train| indices per epoch with replacement, example i with probability
-    proportional to 1 / |group(i)| (src/spuco/robust_train/group_dro.py:132-137, :146-150), so its batches are
-    balanced only in expectation: at batch 32 over 25 groups a group is absent from about 27 % of them.
+    Batches, by default as SpuCo's GroupDRO draws them: |train| indices per epoch with replacement, example i
+    with probability proportional to 1 / |group(i)| (src/spuco/robust_train/group_dro.py:132-151), so a batch is
+    balanced only in expectation: at batch 32 over 25 groups a group is absent from about 27 % of them, and
+    its weight then stays put for that step. `batches: exact` holds every group in equal counts instead.
     """
 
     Hparams = GroupDROHparams
@@ -78,7 +89,7 @@ class GroupDRO(Algorithm):
         return batch.group
 
     def sampling(self, train: Split) -> SamplingPlan | None:
-        return SamplingPlan(balance_by=self.train_groups(train)) if self.hparams.balanced else None
+        return balanced_plan(self.train_groups(train), self.hparams.batches) if self.hparams.balanced else None
 
     def objective(self, labeled: Batch, unlabeled: Batch | None, step: int) -> StepOutput:
         outputs = self.model(self.view(labeled.x, False))

@@ -1,11 +1,11 @@
 """spoken-digits: an embedded, WILDS-shaped 1-D signal benchmark: the digit a synthetic voice says, across voices.
 
-Why it exists: DABS (issue #8) is about one model across modalities, and raybench had images and text but no
-signal dataset that runs offline. This one is synthesised on the user's machine by Debian's `espeak-ng`
-(`apt-get install espeak-ng`; GPL-3+, /usr/share/doc/espeak-ng/copyright), trains on a CPU in minutes, and
-has a genuine shift between speakers, with unlabeled speech from the target voices for pre-training and
-adaptation. Only espeak-ng's own formant voices are used (language + variant, e.g. `en-us+m3`); the `mb/`
-voices need mbrola and are left out.
+Why it exists: DABS (the domain-agnostic benchmark for self-supervised learning) is about one model across
+modalities, and raybench had images and text but no signal dataset that runs offline. This one is synthesised on the
+user's machine by Debian's `espeak-ng` (`apt-get install espeak-ng`; GPL-3+, /usr/share/doc/espeak-ng/copyright),
+trains on a CPU in minutes, and has a genuine shift between speakers, with unlabeled speech from the target voices
+for pre-training and adaptation. Only espeak-ng's own formant voices are used (language + variant, e.g. `en-us+m3`);
+the `mb/` voices need mbrola and are left out.
 
 Task: 10-way classification of a spoken English digit, "zero" .. "nine" (`WORDS`). Chance is 1/10 on every
 labeled split: each is balanced by digit.
@@ -291,10 +291,6 @@ def log_mel(windows: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------- the split plan
-
-
-def speaker_named(name: str) -> Speaker:
-    return next(s for s in SPEAKERS if s.name == name)
 
 
 def deal_utterances(plan: Plan, seed: int) -> dict[str, list[Utterance]]:

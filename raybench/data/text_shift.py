@@ -562,8 +562,8 @@ def plan_splits(corpus: Corpus, seed: int) -> dict[str, list[Text]]:
     """Every labeled and unlabeled split as texts: target concepts first, then source ones not used there.
 
     Each split is ordered shortest text first: evaluation runs over contiguous chunks, each padded to its
-    longest text, so sorted chunks pad little (val: 15 s instead of 26 s on one core). Training draws
-    random ids, so the order does not matter to it.
+    longest text, so sorted chunks pad little (docs/reference/datasets.md, text-shift, gives the time saved).
+    Training draws random ids, so the order does not matter to it.
     """
     splits: dict[str, list[Text]] = defaultdict(list)
     for half in ("a", "b"):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -41,9 +42,11 @@ from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.converge import ConvergeRule, Counted, counting_attempt
 from raybench.sweep.errors import OptionError, SweepExists
 from raybench.sweep.options import SweepOptions, command_words, setting_word
-from raybench.sweep.progress import duration
+from raybench.sweep.progress import LiveBoard, Row, duration, live_board
+from raybench.sweep.progress import say as say_shown
 from raybench.sweep.results import write_text_atomically
 from raybench.sweep.trial_slots import lock_problem, make_slots
+from raybench.words import COMPARE_FORMATS
 
 STATE_FILE = "benchmark.json"
 TRIAL_SLOT = "raybench_slot"  # the custom resource of the benchmark's trial queue (the module docstring says how)
@@ -384,7 +387,8 @@ def pair_settings(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, t
             "trials": pair.trials, "replicates": pair.replicates, "seed": benchmark.seed,
             "selection": benchmark.selection, "executor": benchmark.executor, "smoke": benchmark.smoke,
             "extra_fixed": {key: setting_word(value) for key, value in pair.fixed.items()},
-            "parent_run": target.parent_run, "resume": resume, "spaces": options.spaces, **concurrency(benchmark, target)}
+            "parent_run": target.parent_run, "resume": resume, "spaces": options.spaces,
+            "progress_every": options.progress_every_s, **concurrency(benchmark, target)}
 
 
 def concurrency(benchmark: Benchmark, target: SweepTarget) -> dict[str, Any]:
@@ -451,6 +455,9 @@ class Progress:
         return sum(runs_done(self.storage, p, self.rule) for p in self.benchmark.pairs)
 
     def line(self, records: dict[str, PairRecord]) -> str:
+        return f"benchmark {self.benchmark.name}: {self.status(records)}"
+
+    def status(self, records: dict[str, PairRecord]) -> str:
         counts = {s: sum(r.status == s for r in records.values())
                   for s in (PairState.FINISHED, PairState.FAILED, PairState.RUNNING)}
         total_runs = sum(p.runs for p in self.benchmark.pairs)
@@ -458,12 +465,28 @@ class Progress:
         elapsed = time.time() - self.started
         pace = (done - self.runs_at_start) / elapsed if elapsed > 0 else 0.0
         eta = f"ETA ~{duration(max(total_runs - done, 0) / pace)}" if pace > 0 else "ETA unknown until a run finishes"
-        return (f"benchmark {self.benchmark.name}: pairs {counts[PairState.FINISHED]}/{len(records)} finished, "
+        return (f"pairs {counts[PairState.FINISHED]}/{len(records)} finished, "
                 f"{counts[PairState.FAILED]} failed, {counts[PairState.RUNNING]} running; runs {done}/~{total_runs} done; "
                 f"elapsed {duration(elapsed)}, {eta}")
 
 
-def run_benchmark(benchmark: Benchmark, options: BenchmarkOptions, say: Callable[[str], None] = print) -> Outcome:
+LIVE_REFRESH_S = 2.0  # how often a live board rereads the running pairs' logs
+PROGRESS_WORDS = ("search:", "replicates:", "Ray:", "dataset ", "results:", "sweep ")  # a sweep's progress lines
+
+
+def latest_progress(log_path: Path) -> str:
+    """The last progress line a pair's sweep wrote to its log (raybench.sweep.progress), or "starting"."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(log.tell() - 8192, 0))
+            tail = log.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return "starting"
+    return next((line.strip() for line in reversed(tail) if line.startswith(PROGRESS_WORDS)), "starting")
+
+
+def run_benchmark(benchmark: Benchmark, options: BenchmarkOptions, say: Callable[[str], None] = say_shown) -> Outcome:
     """Run every pair not finished yet, then compare the sweeps and attach the tables to the parent run."""
     from raybench.tracking import BenchmarkTracker, check_uri
 
@@ -543,23 +566,41 @@ class PairRunner:
     def run(self) -> None:
         waiting = self._pending()
         progress = Progress(self.benchmark, self.options.storage, self.say, self.rule)
+        board = live_board()  # a terminal's live board, redrawn every LIVE_REFRESH_S; else a line per interval
+        if board is not None:
+            board.start(f"benchmark {self.benchmark.name}", len(self.records))
         try:
             while waiting or self.running:
                 while waiting and len(self.running) < self.target.sweeps_at_once(self.benchmark):
                     self._start(waiting.pop(0))
                 try:
-                    job = self.ended.get(timeout=self.options.progress_every_s)
+                    job = self.ended.get(timeout=LIVE_REFRESH_S if board else self.options.progress_every_s)
                 except queue.Empty:
-                    self.say(progress.line(self.records))
+                    self._show(progress, board)
                     continue
                 self._finish(job)
                 self.say(progress.line(self.records))
+                self._show(progress, board)
         except KeyboardInterrupt:
+            if board is not None:
+                board.stop()
             _stop(self.running, self.ended, self.records, self.options.storage, self.folder, self.rule)
             save_records(self.state_path, self.benchmark, self.records)
             finished = sum(r.status == PairState.FINISHED for r in self.records.values())
             raise BenchmarkInterrupted(f"benchmark {self.benchmark.name!r} interrupted: {finished} of "
                                        f"{len(self.records)} pairs finished") from None
+        finally:
+            if board is not None:
+                board.stop()
+
+    def _show(self, progress: Progress, board: LiveBoard | None) -> None:
+        """The benchmark's standing: the live board with each running pair's latest line, else one plain line."""
+        if board is None:
+            self.say(progress.line(self.records))
+            return
+        finished = sum(r.status == PairState.FINISHED for r in self.records.values())
+        rows = {job.pair.sweep: Row(job.pair.label, latest_progress(Path(job.log.name))) for job in self.running}
+        board.show(finished, progress.status(self.records), rows)
 
     def _pending(self) -> list[Pair]:
         """The pairs whose sweep has not finished, as its own results on disk say; the others are announced."""
@@ -676,9 +717,8 @@ def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: A
                    "compare-stats": compare.from_records(records, None, StatsSettings())}  # `compare --stats`
     directory = bench_dir(options.storage, benchmark) / "compare"
     directory.mkdir(parents=True, exist_ok=True)
-    suffixes = {"table": "txt", "csv": "csv", "json": "json", "markdown": "md", "latex": "tex"}
     for stem, comparison in comparisons.items():
-        for fmt_name, suffix in suffixes.items():
+        for fmt_name, suffix in COMPARE_FORMATS.items():
             write_text_atomically(directory / f"{stem}.{suffix}", compare.render(comparison, fmt_name))
     plots.save(plots.comparison_figures(comparisons["compare"], "compare.png"), directory)
     copy_importance_charts(records, options.storage, directory)

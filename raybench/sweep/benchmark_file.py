@@ -56,12 +56,12 @@ from raybench.sweep.space import (
     resolve_path,
 )
 from raybench.trainer import ConfigError, TrainConfig
+from raybench.words import EXECUTORS
 
 TOP_KEYS = {"name", "description", "selection", "seed", "trials", "replicates", "executor", "smoke",
             "max_concurrent_trials", "sweeps_at_once", "set", "grid", "exclude", "pairs", "converge"}
 CONVERGE_KEYS = {"factor", "attempts"}
 PAIR_KEYS = {"dataset", "space", "trials", "replicates", "set"}
-EXECUTORS = ("train", "function")
 # Upper ends of the file's counts: past any real benchmark (WILDS 2.0: 10 trials, 10 replicates at most), so a
 # typo is one line at load, not a sweep that fails after Ray started.
 MAX_TRIALS = 10_000

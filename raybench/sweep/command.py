@@ -21,6 +21,7 @@ from raybench.exits import OneLineParser, Signals, UsageError, run_command
 from raybench.records import SweepSummary
 from raybench.registry import UnknownNameError
 from raybench.sweep import options as sweep_options
+from raybench.sweep import progress
 from raybench.sweep.errors import ClusterError, OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.space_catalog import SpaceFolderError, user_sources
 
@@ -64,7 +65,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UsageError(str(err)) from None
     with Signals() as signals:
         try:
-            summary, tracking_uri = _sweep(options)
+            with progress.showing(progress.display_for(options.quiet, options.progress_every)):
+                progress.say(f"sweep {options.sweep_name('')}: checking the search space, the dataset and the flags")
+                summary, tracking_uri = _sweep(options)
         except (SweepInterrupted, KeyboardInterrupt) as err:
             print(f"raybench: {interrupted_line(err, options, argv)}", file=sys.stderr)
             return signals.exit_status

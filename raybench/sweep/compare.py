@@ -19,7 +19,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,8 +43,9 @@ from raybench.sweep.stats import (
     SelectionCost,
     StatsSettings,
 )
+from raybench.words import COMPARE_FORMATS
 
-FORMATS = ("table", "csv", "json", "markdown", "latex")
+FORMATS = tuple(COMPARE_FORMATS)  # raybench.words declares them
 BEST, WITHIN = "best", "within one std"
 RANK_SPLIT = "test"  # the held-out test split: OOD test on a shift, the test split of a group benchmark
 # A row's budget is the protocol's when its steps, over what the WILDS rule gives its method, and its ERM budget
@@ -424,7 +425,8 @@ def _marked(rows: list[MethodRow], rank_key: str) -> list[MethodRow]:
 
 # ----- rendering ---------------------------------------------------------------------------------
 def render(comparison: Comparison, fmt_name: str) -> str:
-    return {"table": as_table, "csv": as_csv, "json": as_json, "markdown": as_markdown, "latex": as_latex}[fmt_name](comparison)
+    """The comparison in one of raybench.words' COMPARE_FORMATS (`RENDERERS`, defined below its renderers)."""
+    return RENDERERS[fmt_name](comparison)
 
 
 def _compute_text(seconds: float | None, unit: str) -> str:
@@ -892,3 +894,8 @@ def _table_stats_json(table: DatasetTable) -> dict[str, Any]:
 def _aggregate_json(entry: MethodAggregate) -> dict[str, Any]:
     return {"method": entry.method, "datasets": entry.datasets, "mean_rank": _number(entry.mean_rank), "iqm": entry.iqm,
             "scores": entry.scores, **_interval_fields("iqm", entry.interval)}
+
+
+# Each format raybench.words declares, by its name; `raybench compare --format` and a benchmark's files read them.
+RENDERERS: dict[str, Callable[[Comparison], str]] = {"table": as_table, "csv": as_csv, "json": as_json,
+                                                      "markdown": as_markdown, "latex": as_latex}

@@ -27,6 +27,7 @@ from raybench.flag_types import (
     number_word,
     positive_float,
     positive_int,
+    progress_seconds,
     resource_request,
     seed_int,
 )
@@ -36,13 +37,10 @@ from raybench.sweep.converge import DEFAULT_ATTEMPTS, converge_attempts, converg
 from raybench.sweep.errors import OptionError
 from raybench.sweep.space_catalog import folder_problem
 from raybench.sweep.trial_slots import slot_folder_problem
+from raybench.words import EXECUTORS, SAMPLERS, SCHEDULERS, SELECTION_RULES
 
 METADATA_KEY = "raybench.sweep_option"
 
-SAMPLERS = ("random", "tpe")
-EXECUTORS = ("train", "function")
-SELECTION_RULES = ("ood_val", "id_val", "oracle")  # raybench.sweep.selection's registry, which imports the datasets
-SCHEDULERS = ("fifo", "asha")
 
 
 @dataclass(frozen=True)
@@ -265,7 +263,7 @@ class SweepOptions:
     executor: str = option("train", flag="--executor", choices=EXECUTORS,
                            help="train: each trial a Ray Train TorchTrainer (default); function: plain Tune trials, "
                                 "single worker", fixed_on_resume=True)
-    selection: str = option("ood_val", flag="--selection", choices=SELECTION_RULES, fixed_on_resume=True)
+    selection: str = option("ood_val", flag="--selection", choices=tuple(SELECTION_RULES), fixed_on_resume=True)
     scheduler: str = option("fifo", flag="--scheduler", choices=SCHEDULERS,
                             help="fifo: every trial runs all its epochs; asha: stop trials early on the selection "
                                  "metric (each still selected on its best epoch so far)", fixed_on_resume=True)
@@ -290,6 +288,10 @@ class SweepOptions:
         help="a module, .py file or package folder that registers algorithms, datasets, models or search spaces; "
              "imported in the driver and in every trial and worker (repeatable; also $RAYBENCH_PLUGINS and the "
              "raybench.plugins entry points)")
+    progress_every: float = option(30.0, flag="--progress-every", parse=progress_seconds, metavar="SECONDS",
+                                   help="without a terminal (a file, a pipe, CI) or with --quiet: seconds between "
+                                        "progress lines while trials run")
+    quiet: bool = option(False, flag="--quiet", help="no live progress display on a terminal: plain lines, as in a log")
     parent_run: str | None = option(None, flag="--parent-run", parse=nonblank("an MLflow run id"), metavar="RUN_ID",
                                     help="nest the sweep's MLflow run under this run (a benchmark passes its own)")
     max_failures: int = internal(2, why="a fixed policy: how often Ray restarts a trial whose worker failed")

@@ -30,6 +30,7 @@ CPU-seconds and the GPU-seconds it held. Its completed record carries them (Comp
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -83,6 +84,7 @@ from raybench.sweep.errors import ClusterError
 from raybench.sweep.leftovers import forget_driver, record_driver, stop_dead_drivers_leftovers
 from raybench.sweep.options import shown_address
 from raybench.sweep.progress import StageProgress
+from raybench.sweep.progress import current as progress_display
 from raybench.sweep.ray_trial import (  # the types a trial is made of are the driver's too
     STOPPED_KEY,
     TIMING_REPORT,
@@ -100,12 +102,23 @@ from raybench.sweep.sampling import SAMPLERS, first_unseen, optuna_distribution
 from raybench.sweep.space import ResolvedSpace, RunIdentity
 from raybench.sweep.trial_slots import TrialSlots
 
+
+def _no_colour_reset_at_exit() -> None:
+    """Ray's CLI logger calls `colorama.init(strip=False)` when Ray is imported (ray/autoscaler/_private/
+    cli_logger.py), which registers an exit hook that writes ESC[0m to a terminal after the sweep's last line
+    (shown raw by anything that records the terminal). raybench prints no colour codes to reset: the hook goes."""
+    initialise = getattr(sys.modules.get("colorama"), "initialise", None)
+    if initialise is not None:
+        atexit.unregister(initialise.reset_all)
+
+
+_no_colour_reset_at_exit()
+
 # Tune's "`process_trial_result` took 0.8 s, which may be a performance bottleneck" (the MLflow callback's
 # sqlite commit on a busy 2-core machine): timing hints for Tune's developers, not the user's console.
 logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
 
 DRIVER_RESOURCE = "trial_driver"
-EXECUTORS = ("train", "function")
 
 
 @dataclass(frozen=True)
@@ -183,6 +196,15 @@ def connect(address: str | None, driver_slots: int, queues: dict[str, int] | Non
     record_driver(Path(node.get_session_dir_path()),
                   [info.process.pid for infos in node.all_processes.values() for info in infos])
     return True
+
+
+def capacity_words() -> str:
+    """What the joined cluster offers trials, as the sweep's phase line says it: ` (2 CPUs, 0 GPUs)`; nothing
+    when this process holds no Ray (a caller that connected it its own way)."""
+    if not ray.is_initialized():
+        return ""
+    resources = ray.cluster_resources()
+    return f" ({resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)"
 
 
 JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # a submitted job's config, which its driver's ray.init merges
@@ -831,24 +853,49 @@ class TrackingCallback(tune.Callback):
 
 
 class ProgressCallback(tune.Callback):
-    """One console line per finished trial of a stage (raybench/sweep/progress.py), in the sweep's process.
-    Tune pickles callbacks into its experiment state: a restored copy keeps its counts and restarts its clock."""
+    """A stage's progress (raybench/sweep/progress.py), shown by the process's display as Tune's loop runs:
+    `0/N` when the stage begins, each trial as it starts and reports epochs, a line per finished trial.
+    Tune pickles callbacks into its experiment state: a restored copy keeps its counts, restarts its clock and
+    shows on the display of the process that restored it."""
 
-    def __init__(self, progress: StageProgress, records: RunRecords, say: Callable[[str], None] = print) -> None:
-        self.progress, self.records, self.say = progress, records, say
+    def __init__(self, progress: StageProgress, records: RunRecords) -> None:
+        self.progress, self.records = progress, records
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.progress.restart()
 
+    def setup(self, stop: Any = None, num_samples: Any = None, total_num_samples: Any = None, **info: Any) -> None:
+        progress_display().stage_began(self.progress)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run = self.records.identity(trial)
+        label = f"seed {run.config['seed']}" if self.records.stage == "replicate" else f"trial {run.trial_id}"
+        epochs = run.config.get("epochs")
+        self.progress.trial_started(trial.trial_id, label, int(epochs) if isinstance(epochs, (int, float)) else None)
+        progress_display().moved(self.progress)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if FAILURE_KEY in result or result.get("replayed"):
+            return
+        self.progress.epoch_reported(trial.trial_id, int(result.get(EPOCHS_DONE, 0)), result.get(SELECTION_BEST))
+        progress_display().moved(self.progress)
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        progress_display().tick(self.progress)
+
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         last = trial.last_result or {}
-        self.say(self.progress.finished(last.get(SELECTION_BEST), failed=FAILURE_KEY in last,
-                                        replayed=bool(last.get("replayed")),
-                                        stopped=bool(self.records.for_trial(trial).get(STOPPED_KEY))))
+        line = self.progress.finished(last.get(SELECTION_BEST), failed=FAILURE_KEY in last,
+                                      replayed=bool(last.get("replayed")),
+                                      stopped=bool(self.records.for_trial(trial).get(STOPPED_KEY)), key=trial.trial_id)
+        progress_display().trial_finished(self.progress, line)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.say(self.progress.finished(None, failed=True))
+        progress_display().trial_finished(self.progress, self.progress.finished(None, failed=True, key=trial.trial_id))
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        progress_display().stage_ended(self.progress)
 
 
 # ----- a full --storage: stop as on Ctrl-C, so that --resume continues exactly ------------------------------

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import raybench
 from raybench.data import ShiftDataset, load_dataset
+from raybench.labels import selection_label
 from raybench.paths import (
     HeldLock,
     LockBusy,
@@ -45,8 +46,8 @@ from raybench.records import (
     TrialStatus,
 )
 from raybench.sweep import options as sweep_options
+from raybench.sweep import progress, state_seal
 from raybench.sweep import results as tables
-from raybench.sweep import state_seal
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, Attempt, ConvergeRule, run_until_converged, scale_text
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.importance import MIN_TRIALS, Importances, importances
@@ -90,8 +91,9 @@ T = TypeVar("T")
 
 
 def announce(line: str) -> None:
-    """A progress line on the console, at once (the sweep's own lines; Ray's go to its logs)."""
-    print(line, flush=True)
+    """A line on the console, at once, through the process's progress display (the sweep's own lines; Ray's go
+    to its logs)."""
+    progress.say(line)
 
 
 @dataclass
@@ -135,7 +137,10 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     _load_plugins(options.plugins)
     check_options(options)
     space = space if space is not None else load_space(options.space, options.spaces)
+    began = time.monotonic()
+    announce(f"dataset {options.dataset}: loading")
     dataset = dataset_for_trials(options, space)
+    announce(f"dataset {options.dataset}: ready in {duration(time.monotonic() - began)}")
     selection = SELECTIONS.get(options.selection)
     metric = selection.metric(dataset)
     trials = options.trials if options.trials is not None else (2 if options.smoke else 10)
@@ -580,9 +585,13 @@ class RaySession:
         from raybench.sweep import ray_backend  # Ray is imported only once everything is valid
 
         self.backend = ray_backend
-        self.connected = ray_backend.connect(cluster_address(self.options.address),
-                                             driver_slots=max(self.options.max_concurrent, 1) * 2,
+        address = cluster_address(self.options.address)
+        began = time.monotonic()
+        announce(f"Ray: joining the cluster at {sweep_options.shown_address(address)}" if address else
+                 "Ray: starting a private Ray on this machine")
+        self.connected = ray_backend.connect(address, driver_slots=max(self.options.max_concurrent, 1) * 2,
                                              py_modules=runtime_env_modules())
+        announce(f"Ray: ready in {duration(time.monotonic() - began)}{ray_backend.capacity_words()}")
 
     def start_beside(self, work: Callable[[], T]) -> T:
         """Start Ray while `work` runs in another thread; its result, or its error once Ray is let go again."""
@@ -625,6 +634,8 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
     started = time.time()
     tracking_before = dataclasses.replace(PROCESS_STATS)
 
+    words = selection_label(prepared.selection_metric, prepared.report["split_labels"], analysis_only=False)
+
     def spec(stage: str, total: int, suffix: str = "", early_stopping: Any = None) -> Any:
         name = f"{prepared.name}-{stage}{suffix}"
         run = backend.RunSpec(name, prepared.storage, stage, opts.executor, resources, opts.max_concurrent,
@@ -634,9 +645,8 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
         records = backend.RunRecords(run.completed, prepared.space, stage)
         callback = backend.TrackingCallback(tracker, prepared.space, stage, tags, records,
                                             journal=prepared.storage / name / TRIAL_JOURNAL, resuming=opts.resume)
-        progress = backend.ProgressCallback(StageProgress(STAGE_TITLES[stage], total, prepared.selection_metric),
-                                            records, say=announce)
-        return run.with_callbacks(callback, progress)
+        shown = backend.ProgressCallback(StageProgress(STAGE_TITLES[stage], total, words), records)
+        return run.with_callbacks(callback, shown)
 
     asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
     search = spec("search", opts.trials if prepared.space.search else 1, early_stopping=asha)
@@ -650,7 +660,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
     if selected is not None and opts.replicates > 0:
         seeds = tables.replicate_seeds(selected.trial_id, opts.replicates)
         announce(f"replicates: {len(seeds)} seeds of trial {selected.trial_id} (best of the search, "
-                 f"{prepared.selection_metric} {selected.selection_value:.4f}), elapsed {duration(time.time() - started)}")
+                 f"{words} {selected.selection_value:.4f}), elapsed {duration(time.time() - started)}")
         # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
         replicate = spec("replicate", len(seeds), f"-{selected.trial_id}")
         replicates, cut_short = _stage_records(
@@ -659,6 +669,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
         _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, cut_short,
                               trials, selected, seeds)
     ray_session.stop_in_background()  # every trial is collected: the record below needs no Ray
+    announce("results: writing the summary, the tables and the figures")
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
     summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
     _record(prepared, tracker, summary, trials, replicates, selected)

@@ -10,11 +10,15 @@ from typing import Any
 import optuna
 
 from raybench.sweep.space import Param
+from raybench.words import SAMPLERS as SAMPLER_NAMES
 
+# Each sampler raybench.words names, by its name (an import-time error if the two ever disagree)
 SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
     "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
 }
+if tuple(SAMPLERS) != SAMPLER_NAMES:
+    raise ImportError(f"raybench.sweep.sampling builds {tuple(SAMPLERS)}, raybench.words names {SAMPLER_NAMES}")
 MAX_REDRAWS = 20
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from raybench.data import ShiftDataset
 from raybench.labels import selection_label
 from raybench.registry import Registry
+from raybench.words import SELECTION_RULES
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,5 @@ class Selection:
 
 
 SELECTIONS: Registry[Selection] = Registry("selection strategy")
-SELECTIONS.register("ood_val")(Selection("ood_val", None))
-SELECTIONS.register("id_val")(Selection("id_val", "id_val"))
-SELECTIONS.register("oracle")(Selection("oracle", "test", analysis_only=True))
+for _rule in SELECTION_RULES.values():  # declared in raybench.words, where the command line reads them too
+    SELECTIONS.register(_rule.name)(Selection(_rule.name, _rule.split, _rule.analysis_only))

@@ -32,6 +32,7 @@ import numpy as np
 
 from raybench.records import TrialRecord, Words
 from raybench.report_keys import BEST_PREFIX
+from raybench.words import SELECTION_RULES
 
 CONFIDENCE = 0.95
 ALPHA = 0.05
@@ -45,8 +46,9 @@ NORMALISATION = ("min-max per dataset over every ranked method's replicate value
 
 @cache
 def sps() -> Any:
-    """scipy.stats, imported on first use: with this module it was 0.46 s of the 1.34 s `compare` spent importing
-    (benchmarks/README.md), and `compare` without --stats computes nothing with it."""
+    """scipy.stats, imported on first use: it was a third of what `compare` spent importing (the figures:
+    benchmarks/README.md, "Commands that only read declarations"), and `compare` without --stats computes nothing
+    with it."""
     from scipy import stats
 
     return stats
@@ -323,19 +325,17 @@ def iqm_interval(strata: Sequence[np.ndarray], settings: StatsSettings = StatsSe
 
 
 # ----- selection cost: what each rule would have chosen from the search trials ------------------------------
-class Rule(Words):
-    """A selection rule, named as `--selection` names the strategy."""
-
-    OOD_VAL = "ood_val"  # the protocol: the dataset's selection split (OOD validation on a shift)
-    ID_VAL = "id_val"
-    ORACLE = "oracle"  # the test split itself: analysis only
-
+class _RuleWords(Words):
     @property
     def split(self) -> str:
-        return {"ood_val": "val", "id_val": "id_val", "oracle": "test"}[self.value]
+        """The split whose best value the rule takes: the protocol's is OOD validation ("val")."""
+        return SELECTION_RULES[self.value].split or "val"
 
 
-RULES = (Rule.OOD_VAL, Rule.ID_VAL, Rule.ORACLE)
+# A selection rule, named as `--selection` names the strategy (raybench.words declares them): OOD_VAL, the
+# protocol's; ID_VAL; ORACLE, the test split itself, analysis only.
+Rule = _RuleWords("Rule", {name.upper(): name for name in SELECTION_RULES})
+RULES = tuple(Rule)
 REPORT_SPLIT = "test"  # what every rule's choice is judged on: OOD test on a shift, the test split of SpuCo
 
 

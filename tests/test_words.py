@@ -1,0 +1,55 @@
+"""Every closed word list is declared once, in raybench.words, and read everywhere else: a copy written into
+another module (a parser's choices, a file check, a registry) is found here, by reading the source's literals."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from raybench import words
+
+PACKAGE = Path(words.__file__).resolve().parent
+LISTS = {"executors": words.EXECUTORS, "samplers": words.SAMPLERS, "schedulers": words.SCHEDULERS,
+         "selection rules": tuple(words.SELECTION_RULES), "result formats": words.RESULT_FORMATS,
+         "compare formats": tuple(words.COMPARE_FORMATS)}
+
+
+def constant(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant)
+
+
+def literal_word_sets(tree: ast.AST) -> list[tuple[int, frozenset[str]]]:
+    """(line, words) of every tuple, list or set of two or more strings, and of every dict with such string keys
+    and constant values (a word table). A dict from the words to code (the samplers' factories, the formats'
+    renderers) is the registry that implements them, checked against the declared words below."""
+    found = []
+    for node in ast.walk(tree):
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else \
+            node.keys if isinstance(node, ast.Dict) and all(constant(v) for v in node.values) else None
+        if items and len(items) >= 2 and all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in items):
+            found.append((node.lineno, frozenset(i.value for i in items)))
+    return found
+
+
+@pytest.mark.parametrize("name", LISTS)
+def test_a_word_list_is_written_out_only_in_raybench_words(name):
+    wanted = frozenset(LISTS[name])
+    copies = [f"{path.relative_to(PACKAGE.parent)}:{line}"
+              for path in sorted(PACKAGE.rglob("*.py")) if path.name != "words.py"
+              for line, found in literal_word_sets(ast.parse(path.read_text(encoding="utf-8"))) if found == wanted]
+    assert copies == [], f"the {name} are written out again at {copies}; read raybench.words instead"
+
+
+def test_the_registries_and_flags_are_built_from_the_declared_words():
+    from raybench.sweep import compare, options, sampling
+    from raybench.sweep.selection import SELECTIONS
+    from raybench.sweep.stats import RULES
+
+    assert tuple(sampling.SAMPLERS) == words.SAMPLERS
+    assert tuple(compare.RENDERERS) == tuple(words.COMPARE_FORMATS)
+    assert sorted(SELECTIONS.names()) == sorted(words.SELECTION_RULES)
+    assert tuple(str(rule) for rule in RULES) == tuple(words.SELECTION_RULES)
+    choices = {field.name: flag.choices for field, flag in options.flagged()}
+    assert choices["executor"] == words.EXECUTORS and choices["sampler"] == words.SAMPLERS
+    assert choices["scheduler"] == words.SCHEDULERS and choices["selection"] == tuple(words.SELECTION_RULES)
