@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LOCK := requirements.lock
 
-.PHONY: setup test demo check clean lock docs lint system-packages
+.PHONY: setup test test-fast demo check clean lock docs lint system-packages
 
 setup: $(STAMP)
 
@@ -42,8 +42,14 @@ lint: $(STAMP)
 # tests/module_costs.json (refresh it with `make test PYTEST_ARGS=--record-module-costs`).
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 test: $(STAMP) system-packages
-	$(BIN)/python -m pytest -q --durations=50 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder) $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q --durations=50 $(XDIST) $(PYTEST_ARGS) tests
+
+# The unit and in-process tests: every test outside the cluster and e2e tiers (tests/tiers.py), at most 5 minutes
+# on 2 cores (benchmarks/README.md, "`make test`"). `make test` still runs every tier.
+test-fast: $(STAMP) system-packages
+	$(BIN)/python -m pytest -q --durations=20 -m "not cluster and not e2e" $(XDIST) $(PYTEST_ARGS) tests
 
 # The Debian packages some tests need (Fashion-MNIST, WordNet, GCIDE, espeak-ng, chromium, redis-server), installed
 # when missing, saying what it installs; nothing happens when all are there. A test whose package is still missing

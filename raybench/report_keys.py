@@ -13,6 +13,11 @@ TIME_PREFIX = "time/"  # seconds a run used, by part
 WALL_S = f"{TIME_PREFIX}wall_s"
 CPU_S = f"{TIME_PREFIX}cpu_s"
 GPU_S = f"{TIME_PREFIX}gpu_s"
+# Wall-clock stamps a trial's reports carry for the driver's start-up and teardown shares: moments, not seconds
+# used, so never logged to MLflow as metrics nor averaged over replicates.
+TRAINER_STARTED_AT = f"{TIME_PREFIX}trainer_started_at"
+REPORTED_AT = f"{TIME_PREFIX}reported_at"
+CLOCK_STAMPS = frozenset({TRAINER_STARTED_AT, REPORTED_AT})
 NODE = f"{INFO_PREFIX}node"  # the Ray node an epoch ran on (rank 0's), as it names itself
 BLIND_INFO = f"{INFO_PREFIX}selection_blind"
 NOTE_INFO = f"{INFO_PREFIX}selection_note"

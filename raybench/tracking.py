@@ -53,7 +53,7 @@ logging.getLogger("mlflow.utils.databricks_utils").setLevel(logging.ERROR)
 import raybench
 from raybench.paths import StorageFull, disk_full_error, writable_dir_problem
 from raybench.records import RecordError, StoredRun, SweepSummary, loads_record, summary_numbers_problem
-from raybench.records import SweepState as State  # this module's SweepState is where a sweep stands, in words
+from raybench.records import SweepState as State
 from raybench.report_keys import SCHEMA_VERSION, STAGE_WEIGHTS_FACT, SUMMARY_SCHEMA
 from raybench.sweep.errors import SweepExists
 
@@ -526,6 +526,8 @@ def run_description(markdown: str, limit: int = DESCRIPTION_LIMIT) -> str:
 
 
 def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """MLflow params from nested values: `a.b.c` keys, each value as text cut to MAX_PARAM_LENGTH
+    characters (a longer one, such as a long --set value, is stored truncated: the store refuses it whole)."""
     flat: dict[str, str] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
@@ -1347,7 +1349,7 @@ class BenchmarkTracker(SweepTracker):
 
 # ----- reading a finished sweep back ------------------------------------------------------------------
 @dataclass(frozen=True)
-class SweepState:
+class SweepStanding:
     """Where a sweep stands, as its parent run says: the line `raybench results` prints above the table."""
 
     state: str  # a records.SweepState value (finished, interrupted, failed, running, driver-gone) or a hand-set tag
@@ -1371,14 +1373,14 @@ class SweepState:
         return line
 
 
-def sweep_state(parent: Any) -> SweepState:
+def sweep_state(parent: Any) -> SweepStanding:
     tags = parent.data.tags
     state = tags.get(STATE_TAG) or SWEEP_STATE_OF_STATUS.get(parent.info.status, State.RUNNING).value
     if parent.info.status == "RUNNING" and driver_alive(tags.get(DRIVER_TAG)) is False:
         state = State.DRIVER_GONE.value
     elif parent.info.status == "RUNNING":
         state = State.RUNNING.value
-    return SweepState(state, tags.get(RESUME_TAG))
+    return SweepStanding(state, tags.get(RESUME_TAG))
 
 
 @dataclass(frozen=True)
@@ -1389,7 +1391,7 @@ class RecordedSweep:
     run_id: str
     params: dict[str, str]
     status: str  # MLflow's: RUNNING, FINISHED, KILLED, FAILED
-    state: SweepState
+    state: SweepStanding
     storage: str | None = None  # the --storage its driver ran it from (STORAGE_TAG); None: recorded before it was kept
 
 

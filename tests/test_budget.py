@@ -149,7 +149,7 @@ def test_compare_shows_each_rows_budget_and_flags_a_table_whose_rows_got_budgets
 
 
 def test_results_show_each_trials_steps_and_the_replicates_budget():
-    from raybench.sweep.report import render as render_results
+    from raybench.sweep.report import render_results
 
     record = with_budget(summary("s-fixmatch", "fixmatch", {"test/acc": (0.5, 0.01)}), 750, 1560, 780)
     trial_metrics = {f"budget/planned_{k}": v for k, v in {"steps": 750, "optimizer_steps": 190, "labeled_examples": 12000,

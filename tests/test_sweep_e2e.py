@@ -20,9 +20,10 @@ import pandas as pd
 import pytest
 from conftest import BIN, cli, on_head, run_cli, seeded_store
 from mlflow.tracking import MlflowClient
+from ray.tune.result import AUTO_RESULT_KEYS
 
 from raybench.data import load_dataset
-from raybench.report_keys import SCHEMA_VERSION, SUMMARY_SCHEMA
+from raybench.report_keys import CLOCK_STAMPS, SCHEMA_VERSION, SUMMARY_SCHEMA
 from raybench.sweep.space import load_space
 
 SEED = 3
@@ -171,7 +172,7 @@ def reported_numbers(row: dict) -> dict[str, float]:
     from ray.tune.result import AUTO_RESULT_KEYS
 
     return {key: float(value) for key, value in row.items() if key not in AUTO_RESULT_KEYS
-            and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)}
+            and key not in CLOCK_STAMPS and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)}
 
 
 def test_every_number_each_trial_reported_is_in_its_mlflow_run_at_its_epoch(smoke_sweep):
@@ -196,6 +197,11 @@ def test_every_number_each_trial_reported_is_in_its_mlflow_run_at_its_epoch(smok
         missing = [(key, int(row["epoch"]), value) for row in rows for key, value in reported_numbers(row).items()
                    if (int(row["epoch"]), value) not in stored[key]]
         assert not missing, f"run {run.info.run_name}: reported but not in MLflow (key, step, value): {missing[:10]}"
+        bookkeeping = set(run.data.metrics) & (set(AUTO_RESULT_KEYS) | CLOCK_STAMPS)
+        assert not bookkeeping, f"run {run.info.run_name}: Tune's or the clock's bookkeeping as metrics: {bookkeeping}"
+    parent = client.get_run(smoke_sweep["summary"]["mlflow"]["run_id"])
+    stamps = [key for key in parent.data.metrics if any(stamp in key for stamp in CLOCK_STAMPS)]
+    assert stamps == [], f"the parent run averages wall-clock moments over replicates: {stamps}"
 
 
 def test_the_selected_checkpoint_rebuilds_and_scores_its_logged_test_accuracy(smoke_sweep, shared_data_dir, tmp_path):

@@ -227,11 +227,11 @@ def test_only_the_flags_that_decide_the_results_are_compared():
 def test_the_refusal_names_the_store_without_its_password(data_dir, tmp_path):
     from raybench.sweep.errors import SweepExists
     from raybench.sweep.runner import SweepOptions, check_recorded, prepare
-    from raybench.tracking import RecordedSweep, SweepState
+    from raybench.tracking import RecordedSweep, SweepStanding
 
     prepared = prepare(SweepOptions(space="erm", name=NAME, storage=str(tmp_path / "runs"),
                                     tracking_uri="http://ann:s3cret@127.0.0.1:5000"))
-    recorded = RecordedSweep("abc123", {}, "FINISHED", SweepState("finished", None))
+    recorded = RecordedSweep("abc123", {}, "FINISHED", SweepStanding("finished", None))
     with pytest.raises(SweepExists) as refused:
         check_recorded(prepared, recorded)
     assert f"a sweep named '{NAME}' already exists in the tracking store http://***@127.0.0.1:5000 (run abc123)" \

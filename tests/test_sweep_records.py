@@ -180,7 +180,7 @@ def test_a_deep_or_foreign_summary_under_storage_is_resumed_not_a_traceback(tmp_
     results = storage / "s" / "results"
     results.mkdir(parents=True)
     prepared = SimpleNamespace(storage=storage, name="s")
-    finished = RecordedSweep("run-1", {}, "FINISHED", tracking.SweepState(SweepState.FINISHED.value, None))
+    finished = RecordedSweep("run-1", {}, "FINISHED", tracking.SweepStanding(SweepState.FINISHED.value, None))
     for text, why in [(deep_summary("s", 100_000), "nested deeper than"),
                       (json.dumps(summary("other")), "it is the record of sweep 'other', not of 's'"),
                       (json.dumps(summary("s", mlflow={"run_id": "run-2"})), "the parent run 'run-2', not of 'run-1'")]:

@@ -60,6 +60,7 @@ import optuna
 import ray
 from ray import tune
 from ray._common.utils import get_default_ray_temp_dir
+from ray.tune.result import AUTO_RESULT_KEYS
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
@@ -70,6 +71,7 @@ from raybench.records import TrialRecord, TrialStatus
 from raybench.report_keys import (
     BEST_PREFIX,
     BLIND_INFO,
+    CLOCK_STAMPS,
     COLLAPSE_INFO,
     CONVERGENCE_INFO,
     NODE,
@@ -742,6 +744,14 @@ class RunRecords:
         return self.completed.load(self.identity(trial).key) or {}
 
 
+TUNE_BOOKKEEPING = frozenset(AUTO_RESULT_KEYS)  # what Tune adds to every result: its counters, clock, pid, host
+
+
+def science(result: dict[str, Any]) -> dict[str, Any]:
+    """A result without Tune's bookkeeping and the trial's wall-clock stamps: what a run's MLflow metrics hold."""
+    return {k: v for k, v in result.items() if k not in TUNE_BOOKKEEPING and k not in CLOCK_STAMPS}
+
+
 class TrackingCallback(tune.Callback):
     """Mirrors every trial into a nested MLflow run through raybench.tracking (one log_batch per epoch).
 
@@ -811,7 +821,7 @@ class TrackingCallback(tune.Callback):
         if FAILURE_KEY not in result and not result.get("replayed"):
             from raybench.tracking import numeric_metrics
 
-            self._submit("epoch", key, metrics=numeric_metrics(result), step=int(result.get("epoch", iteration)),
+            self._submit("epoch", key, metrics=numeric_metrics(science(result)), step=int(result.get("epoch", iteration)),
                          tags=tags)
         elif tags:
             self._submit("tags", key, tags=tags)
@@ -844,7 +854,7 @@ class TrackingCallback(tune.Callback):
         if record and not last.get("replayed"):  # what the run used, from its record
             from raybench.tracking import numeric_metrics
 
-            timing = numeric_metrics({k: v for k, v in record.items() if k.startswith(TIME_PREFIX)})
+            timing = numeric_metrics(science({k: v for k, v in record.items() if k.startswith(TIME_PREFIX)}))
         self._submit("end", key, metrics=timing, step=int(record.get("epoch", iteration)) if timing else 0, tags=tags,
                      status="FAILED" if reason else "FINISHED", reason=reason)
 

@@ -22,15 +22,23 @@ from typing import Any
 import ray.train
 from ray.train.v2.api.callback import UserCallback
 
-from raybench.report_keys import BEST_PREFIX, CPU_S, INFO_PREFIX, KEPT_AT_BEST, NODE, SELECTION_BEST, TIME_PREFIX
+from raybench.report_keys import (
+    BEST_PREFIX,
+    CPU_S,
+    INFO_PREFIX,
+    KEPT_AT_BEST,
+    NODE,
+    REPORTED_AT,
+    SELECTION_BEST,
+    TIME_PREFIX,
+    TRAINER_STARTED_AT,
+)
 from raybench.trainer.callbacks import Callback, EpochReport, StageReport
 
 FAILURE_KEY = "failure_reason"
 STAGES_KEY = "stages"  # JSON list of the multi-stage method's earlier stages, carried by every report
 EPOCHS_DONE = "epochs_done"  # what an early-stopping scheduler counts its rungs in
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # where Train persisted a report's checkpoint (as TuneReportCallback names it)
-TRAINER_STARTED_AT = f"{TIME_PREFIX}trainer_started_at"  # wall clock, for the driver's start-up share
-REPORTED_AT = f"{TIME_PREFIX}reported_at"  # wall clock, for the driver's teardown share
 NODE_LABEL = "raybench.node"  # the node label cluster/local-up.sh gives each node (head, worker-1, ...)
 
 
@@ -76,6 +84,10 @@ def _kept_at_best(key: str) -> bool:
 
 def flat_report(report: EpochReport, facts: dict[str, str], clock: TrialClock,
                 stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every epoch's report as Tune and the sweep read it, one flat dict: the epoch's metrics; `stages`, the
+    earlier stages as JSON (STAGES_KEY); the trial's clock (`time/*`, its wall-clock stamps included); each
+    metric at the best epoch so far under `best/`; `best_epoch` and `epochs_done`; the run's facts under
+    `info/`; and the node it ran on (NODE)."""
     metrics: dict[str, Any] = dict(report.metrics)
     if stages:
         metrics[STAGES_KEY] = json.dumps(stages, default=str)

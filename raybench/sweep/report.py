@@ -65,7 +65,9 @@ def _budget_cells(trial: TrialRecord) -> dict[str, Any]:
     return {"steps": f"{budget.steps:.0f}", "x protocol": ratio_text(budget.protocol_ratio)}
 
 
-def render(summary: SweepSummary, fmt_name: str) -> str:
+def render_results(summary: SweepSummary, fmt_name: str) -> str:
+    """The sweep in one of raybench.words' RESULT_FORMATS: `json`, the whole summary; `csv`, one row per trial;
+    `table`, the console's text (`raybench results`)."""
     if fmt_name == "json":
         return json.dumps(_json_safe(summary.to_json()), indent=2, sort_keys=True, default=str)
     if fmt_name == "csv":
@@ -79,7 +81,7 @@ def results_text(summary: SweepSummary, fmt_name: str) -> str:
     """The sweep as `render` shows it, with which hyperparameters mattered (raybench.sweep.importance): a table
     under the text, an `importances` field in JSON. CSV stays one row per trial, where no importance fits. Both
     a finished sweep's last output and `raybench results` print this, so they show the same."""
-    text = render(summary, fmt_name)
+    text = render_results(summary, fmt_name)
     if fmt_name == "csv":
         return text
     found = sweep_importances(summary)

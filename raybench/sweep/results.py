@@ -20,7 +20,7 @@ from raybench.budget import StepRatios
 from raybench.labels import SHIFT_SPLIT_LABELS
 from raybench.paths import write_atomically, write_text_atomically  # cli and benchmark import the latter from here
 from raybench.records import SweepSummary, TrialRecord, TrialStatus
-from raybench.report_keys import BEST_PREFIX, CPU_S, GPU_S, SELECTION_BLIND, WALL_S
+from raybench.report_keys import BEST_PREFIX, CLOCK_STAMPS, CPU_S, GPU_S, SELECTION_BLIND, WALL_S
 from raybench.sweep.importance import Importances, markdown_lines, sweep_importances
 
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
@@ -105,7 +105,7 @@ def summarize(replicates: list[TrialRecord]) -> dict[str, dict[str, float]]:
     """Mean and sample std (ddof=1) of every metric at each replicate's best-validation epoch; `n` counts
     the finite values that went into them (a NaN metric is left out of all three)."""
     ok = [r.metrics for r in replicates if r.status == TrialStatus.OK]
-    keys = sorted({k for m in ok for k in m})
+    keys = sorted({k for m in ok for k in m} - CLOCK_STAMPS)  # moments, whose mean means nothing
     summary = {}
     for key in keys:
         values = pd.Series([m[key] for m in ok if key in m and _finite(m[key])], dtype="float64")

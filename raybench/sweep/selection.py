@@ -14,7 +14,7 @@ from raybench.words import SELECTION_RULES
 
 
 @dataclass(frozen=True)
-class Selection:
+class SelectionStrategy:
     name: str
     split: str | None  # None: the dataset's own selection split (its OOD validation, or SpuCo's val)
     # Peeks at the data the result is reported on: labelled wherever it is shown, never ranked with the others.
@@ -31,6 +31,6 @@ class Selection:
         return selection_label(self.metric(dataset), dataset.split_labels, self.analysis_only)
 
 
-SELECTIONS: Registry[Selection] = Registry("selection strategy")
+SELECTIONS: Registry[SelectionStrategy] = Registry("selection strategy")
 for _rule in SELECTION_RULES.values():  # declared in raybench.words, where the command line reads them too
-    SELECTIONS.register(_rule.name)(Selection(_rule.name, _rule.split, _rule.analysis_only))
+    SELECTIONS.register(_rule.name)(SelectionStrategy(_rule.name, _rule.split, _rule.analysis_only))
