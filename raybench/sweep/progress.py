@@ -226,32 +226,37 @@ class LiveBoard:
         self.console = Console(file=stream, highlight=False, soft_wrap=True)
         self.bars: Any = None  # rich.progress.Progress while shown
         self.headline: Any = None
+        self.total = 0
         self.rows: dict[str, Any] = {}
 
     def say(self, line: str) -> None:
         self.console.print(line, markup=False, emoji=False)
 
     def start(self, title: str, total: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import BarColumn, Progress, TextColumn
 
         self.stop()
-        self.bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24),
+                             TextColumn("{task.fields[count]}", markup=False),
                              TextColumn("{task.fields[status]}", markup=False), console=self.console,
                              refresh_per_second=4)
-        self.headline = self.bars.add_task(title, total=total, status="")
+        self.total = total
+        self.headline = self.bars.add_task(title, total=total, status="", count=f"0/{total}")
         self.bars.start()
 
     def show(self, done: int, status: str, rows: dict[str, Row]) -> None:
         """The headline's count and status, and exactly `rows` (by key) under it."""
         if self.bars is None:
             return
-        self.bars.update(self.headline, completed=done, status=status)
+        self.bars.update(self.headline, completed=done, status=status, count=f"{done}/{self.total}")
         for key in [k for k in self.rows if k not in rows]:
             self.bars.remove_task(self.rows.pop(key))
         for key, row in rows.items():
             if key not in self.rows:
-                self.rows[key] = self.bars.add_task(f"  {row.label}", total=row.total, status="")
-            self.bars.update(self.rows[key], completed=row.completed or 0, total=row.total, status=row.text)
+                self.rows[key] = self.bars.add_task(f"  {row.label}", total=row.total, status="", count="")
+            count = f"{row.completed or 0:g}/{row.total:g}" if row.total is not None else ""  # a pair's row: its text
+            self.bars.update(self.rows[key], completed=row.completed or 0, total=row.total, status=row.text,
+                             count=count)
         self.bars.refresh()  # now, not at the next tick: a state that lasts less than a tick is still drawn
 
     def stop(self) -> None:
