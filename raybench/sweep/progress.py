@@ -6,7 +6,7 @@ Two displays, one chosen per process (`display_for`):
   failed, the best selection value so far, elapsed, ETA) over one bar per running trial (its epochs). Phase lines
   and one line per finished trial print above it and stay in the scrollback.
 - `PlainDisplay`, when the output is a file or a pipe, under `--quiet`, or on CI: the same lines, plus the stage's
-  status line every `--progress-every` seconds while trials run, and never an escape code.
+  status line every `--progress-every` seconds while a stage runs, and never an escape code.
 
 Plain Python and `rich`, no Ray: ray_backend's Tune callback feeds a `StageProgress` and tells the display; the
 runner's phase lines go through `say`. The display of the running process is installed with `showing`, so a

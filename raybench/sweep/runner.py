@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import raybench
-from raybench.data import ShiftDataset, load_dataset
+from raybench.data import DATASETS, ShiftDataset, load_dataset
 from raybench.labels import selection_label
 from raybench.paths import (
     HeldLock,
@@ -137,6 +137,7 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     _load_plugins(options.plugins)
     check_options(options)
     space = space if space is not None else load_space(options.space, options.spaces)
+    DATASETS.get(options.dataset)  # an unknown name is refused before a phase line says it is loading
     began = time.monotonic()
     announce(f"dataset {options.dataset}: loading")
     dataset = dataset_for_trials(options, space)
