@@ -18,6 +18,10 @@ PROGRAM = textwrap.dedent("""
     from raybench.exits import Signals
 
     SIG = signal.{sig}
+    # Python's own disposition of the signal, whatever this process inherited: a pytest worker that some earlier test
+    # (Ray's, in-process) left with SIGINT ignored would pass SIG_IGN on, and Signals rightly keeps an ignored
+    # SIGINT (nohup's, tested in tests/test_sweep_entry.py), so the signal would never arrive.
+    signal.signal(SIG, signal.default_int_handler if SIG == signal.SIGINT else signal.SIG_DFL)
 
     class Held:
         pass
