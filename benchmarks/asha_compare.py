@@ -32,6 +32,7 @@ def parse_assignments(pairs: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace, scheduler: str, root: Path) -> tuple[SweepSummary, float]:
+    from raybench.report.record import SWEEP_RECORD
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
 
     options = SweepOptions(space=args.space, dataset=args.dataset, trials=args.trials, replicates=args.replicates,
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace, scheduler: str, root: Path) -> tuple[SweepSumm
                            grace_period=args.grace_period, reduction_factor=args.reduction_factor,
                            extra_fixed=parse_assignments(args.set))
     start = time.perf_counter()
-    summary = run_sweep(prepare(options))
+    summary = run_sweep(prepare(options), SWEEP_RECORD)
     return summary, time.perf_counter() - start
 
 

@@ -297,6 +297,7 @@ def timing_table(runs: list[dict[str, Any]]) -> str:
 def run_sweeps(methods: tuple[str, ...], base: str, trials: int, seeds: int, max_steps: int,
                storage: Path) -> list[dict[str, Any]]:
     """One real sweep per method on a private local Ray, results read from each sweep's summary."""
+    from raybench.report.record import SWEEP_RECORD
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
 
     rows = []
@@ -306,7 +307,7 @@ def run_sweeps(methods: tuple[str, ...], base: str, trials: int, seeds: int, max
                                tracking_uri=f"sqlite:///{storage}/mlflow.db", name=f"spuco-{method}", resume=True,
                                extra_fixed={"max_steps_per_epoch": max_steps})
         start = time.perf_counter()
-        summary = run_sweep(prepare(options))
+        summary = run_sweep(prepare(options), SWEEP_RECORD)
         cells = summary["replicates"]["summary"]
         rows.append({"method": method, "seconds": time.perf_counter() - start,
                      "selected": summary["selected"]["sampled"] if summary["selected"] else None,

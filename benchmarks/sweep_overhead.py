@@ -49,6 +49,7 @@ USEFUL_WORK_GOALS = {"train": 0.80, "function": 0.92}  # the useful-work fractio
 
 def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root: Path,
                    fixed: dict | None = None) -> tuple[SweepSummary, float]:
+    from raybench.report.record import SWEEP_RECORD
     from raybench.sweep.runner import SweepOptions, prepare, run_sweep
 
     options = SweepOptions(space=space, trials=trials, replicates=0, max_concurrent=concurrent, executor=executor,
@@ -56,7 +57,7 @@ def run_sweep_once(space: str, trials: int, executor: str, concurrent: int, root
                            extra_fixed=dict(fixed or {}))
     global LAST_SWEEP
     started, cpu, start = time.time(), time.process_time(), time.perf_counter()
-    summary = run_sweep(prepare(options))
+    summary = run_sweep(prepare(options), SWEEP_RECORD)
     wall = time.perf_counter() - start
     LAST_SWEEP = SweepClock(started, time.time(), time.process_time() - cpu)
     return summary, wall

@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from torch import nn
 
     from raybench.checkpoints import ModelRecord
-    from raybench.sweep.benchmark import Outcome
-    from raybench.sweep.compare import Comparison
+    from raybench.commands.benchmark import Outcome
+    from raybench.report.compare import Comparison
+    from raybench.report.stats import StatsSettings
     from raybench.sweep.space import SearchSpace, SpaceError
-    from raybench.sweep.stats import StatsSettings
     from raybench.trainer import FitResult, TrainConfig
 
 __all__ = [
@@ -112,13 +112,14 @@ def sweep(space: str | os.PathLike[str] | Mapping[str, Any] | SearchSpace, *,
         SpaceError, OptionError, ConfigError, TrackingError, PluginError: a bad input, before any cluster work.
         SweepInterrupted: a stop signal; the same call with `resume=True` continues it.
     """
+    from raybench.report.record import SWEEP_RECORD
     from raybench.sweep.runner import sweep_until_converged
 
     chosen = _sweep_options(space, options, fields)
     cluster_address(chosen.address)  # a malformed address is refused before anything is written
     _load_plugins(chosen.plugins)  # a plug-in may define the space's algorithm and the dataset
     parsed = load_space(space, chosen.spaces) if not isinstance(space, (str, os.PathLike)) else None
-    return sweep_until_converged(chosen, parsed)[0]  # with `converge`, the attempts of the convergence rule
+    return sweep_until_converged(chosen, parsed, recorder=SWEEP_RECORD)[0]  # with `converge`, the attempts of the convergence rule
 
 
 def _sweep_options(space: Any, options: SweepOptions | None, fields: Mapping[str, Any]) -> SweepOptions:
@@ -165,7 +166,7 @@ def compare(sweeps: Sequence[str] = (), *, dataset: str | None = None, algorithm
         TrackingError: a store that cannot be read, or a sweep named that it does not hold.
         BaselineError: `stats.baseline` names no ranked row.
     """
-    from raybench.sweep.compare import from_records
+    from raybench.report.compare import from_records
     from raybench.tracking import TrackingError, default_tracking_uri, find_sweeps
 
     records = find_sweeps(tracking_uri or default_tracking_uri(), tuple(sweeps), dataset, tuple(algorithms))
@@ -195,7 +196,7 @@ def benchmark(file: str | os.PathLike[str], *, storage: str | os.PathLike[str] =
         BenchmarkError, SpaceError: a bad benchmark file or a space it names.
         SweepExists, OptionError, TrackingError, ClusterError: as `sweep`.
     """
-    from raybench.sweep.benchmark import BenchmarkOptions, run_benchmark
+    from raybench.commands.benchmark import BenchmarkOptions, run_benchmark
     from raybench.sweep.benchmark_file import load_benchmark
     from raybench.tracking import default_tracking_uri
 

@@ -117,3 +117,8 @@ class Spent:
                 f"{BUDGET_PREFIX}labeled_examples": float(self.labeled_examples),
                 f"{BUDGET_PREFIX}unlabeled_examples": float(self.unlabeled_examples),
                 f"{BUDGET_PREFIX}labeled_passes": passes}
+
+
+def ratio_text(ratio: float) -> str:
+    """A budget ratio that never reads 0.00: two places from 0.1 up, two significant digits below."""
+    return f"{ratio:.2f}" if ratio >= 0.1 or ratio == 0 else f"{ratio:.2g}"

@@ -14,19 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from raybench.code_memo import code_text
-from raybench.exits import OneLineParser, Signals, UsageError, run_command
-from raybench.flag_types import assignment, nonblank, positive_int, progress_seconds, seed_int
-from raybench.records import PairState
-from raybench.registry import Registry, UnknownNameError
-from raybench.sweep import command as sweep_entry
-from raybench.sweep import options as sweep_options
-from raybench.sweep.command import (
+from raybench.commands import sweep as sweep_entry
+from raybench.commands.sweep import (
     check_space_folders,
     load_plugins_or_refuse,
     mlflow_hint,
     probe_cluster,
     resume_command,
 )
+from raybench.exits import OneLineParser, Signals, UsageError, run_command
+from raybench.flag_types import assignment, nonblank, positive_int, progress_seconds, seed_int
+from raybench.records import PairState
+from raybench.registry import Registry, UnknownNameError
+from raybench.sweep import options as sweep_options
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, ConvergeRule, converge_attempts, converge_factor
 from raybench.words import COMPARE_FORMATS, RESULT_FORMATS, SELECTION_RULES
 
@@ -194,7 +194,7 @@ def train_once(settings: dict[str, Any], names: Mapping[str, str], output: Path 
         "info": result.info,
     }
     if output is not None:
-        from raybench.sweep.results import write_text_atomically
+        from raybench.paths import write_text_atomically
 
         with full_disk_named(output, "--output", f"the run's {RESULT_FILE}", made):
             write_text_atomically(output / RESULT_FILE, json.dumps(summary, indent=2, sort_keys=True))
@@ -366,15 +366,21 @@ def add_probe_parsers(sub: Any) -> None:
 
 # ----- raybench sweep ---------------------------------------------------------------------------
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """The library runs the sweep (raybench.sweep.command), as it does for each pair of a benchmark."""
+    """The library runs the sweep (raybench.commands.sweep), as it does for each pair of a benchmark."""
     return sweep_entry.run(args, args.argv)
 
 
 # ----- raybench benchmark -----------------------------------------------------------------------
 def cmd_benchmark(args: argparse.Namespace) -> int:
+    from raybench.commands.benchmark import (
+        BenchmarkInterrupted,
+        BenchmarkOptions,
+        outcome_text,
+        plan_text,
+        run_benchmark,
+    )
     from raybench.paths import path_problem
     from raybench.sweep import progress
-    from raybench.sweep.benchmark import BenchmarkInterrupted, BenchmarkOptions, outcome_text, plan_text, run_benchmark
     from raybench.sweep.benchmark_file import BenchmarkError, bind_pairs, load_benchmark
     from raybench.sweep.errors import ClusterError, OptionError, SweepExists
     from raybench.sweep.space import SpaceError
@@ -437,7 +443,7 @@ def benchmark_convergence(args: argparse.Namespace, in_file: ConvergeRule | None
 def benchmark_interrupted_line(err: BaseException, benchmark: Any, options: Any, argv: Sequence[str]) -> str:
     """What a stopped benchmark says: the command that resumes it only when `--resume` would find its record
     (the state file a benchmark writes before it starts any pair); before that, the same command starts it."""
-    from raybench.sweep.benchmark import STATE_FILE, BenchmarkInterrupted, bench_dir
+    from raybench.commands.benchmark import STATE_FILE, BenchmarkInterrupted, bench_dir
 
     what = str(err) if isinstance(err, BenchmarkInterrupted) else "benchmark interrupted"
     if (bench_dir(options.storage, benchmark) / STATE_FILE).is_file():
@@ -481,7 +487,7 @@ def add_benchmark_parser(sub: Any) -> None:
 def cmd_results(args: argparse.Namespace) -> int:
     from raybench import api
     from raybench.paths import writable_dir_problem
-    from raybench.sweep.report import results_text
+    from raybench.report.results_text import results_text
     from raybench.tracking import TrackingError, default_tracking_uri, download_plots
 
     plots = Path(args.plots) if args.plots is not None else None
@@ -542,7 +548,7 @@ def name_list(text: str) -> tuple[str, ...]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from raybench import api
-    from raybench.sweep.compare import BaselineError, render
+    from raybench.report.compare import BaselineError, render
     from raybench.tracking import TrackingError
 
     settings = _stats_settings(args)
@@ -589,7 +595,7 @@ def check_figure_names(comparison: Any, plot: Path) -> None:
     """Each figure `compare --plot` writes (one per dataset: FILE-<dataset>.png for several) may replace what is
     there: a folder of that name is refused before any figure is drawn."""
     from raybench.file_kinds import not_a_file
-    from raybench.sweep.plots import comparison_names
+    from raybench.report.plots import comparison_names
 
     for name in comparison_names(comparison, plot.name):
         kind = not_a_file(plot.parent / name)
@@ -599,9 +605,9 @@ def check_figure_names(comparison: Any, plot: Path) -> None:
 
 
 def _stats_settings(args: argparse.Namespace) -> Any:
-    """compare's statistics as the flags ask (raybench.sweep.stats.StatsSettings), None without --stats; a flag
+    """compare's statistics as the flags ask (raybench.report.stats.StatsSettings), None without --stats; a flag
     that only --stats reads, given without it, is a usage error rather than silently ignored."""
-    from raybench.sweep.stats import IntervalChoice, Significance, StatsSettings
+    from raybench.report.stats import IntervalChoice, Significance, StatsSettings
 
     if not args.stats:
         given = [flag for flag, value in (("--baseline", args.baseline), ("--interval", args.interval),
@@ -614,7 +620,7 @@ def _stats_settings(args: argparse.Namespace) -> Any:
 
 
 def _save_comparison_plots(comparison: Any, plot: Path) -> list[Path]:
-    from raybench.sweep import plots
+    from raybench.report import plots
 
     return plots.save(plots.comparison_figures(comparison, plot.name), plot.parent)
 
@@ -712,7 +718,7 @@ def write_new_file(path: Path, text: str, force: bool) -> None:
     problem = writable_dir_problem(path.parent)
     if problem:
         raise UsageError(f"--output: {problem}")
-    from raybench.sweep.results import write_text_atomically
+    from raybench.paths import write_text_atomically
 
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

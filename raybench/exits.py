@@ -2,7 +2,7 @@
 interrupted status (128 + the signal), a reader gone as SIGPIPE's, never a traceback.
 
 On the ground floor (standard library only, no torch, Ray or MLflow) because two entry points share it: the
-`raybench` command line (raybench.cli) and the library's entry point for one sweep (raybench.sweep.command), which
+`raybench` command line (raybench.cli) and the library's entry point for one sweep (raybench.commands.sweep), which
 a benchmark starts for each pair; the library must not import the CLI to get them.
 """
 from __future__ import annotations

@@ -25,6 +25,13 @@ from typing import Any, ClassVar, TypeVar
 from raybench.report_keys import SCHEMA_VERSION, SUMMARY_SCHEMA
 
 
+def is_finite_number(value: Any) -> bool:
+    """A metric value that counts: a real, finite number. Records also hold None, NaN, inf, bools and strings
+    (a failed trial's value, a tag read back); every mean, selection and plot leaves those out by this one rule."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+
 class RecordError(ValueError):
     """A stored record that is not shaped like one; the message names the key and what was expected."""
 
@@ -79,7 +86,7 @@ def measurements_in(data: Any) -> Iterator[float]:
 
 def summary_numbers_problem(data: Mapping[str, Any]) -> str | None:
     """Why a summary's numbers cannot be a sweep's results, or None. A replicate cell is the mean of finite
-    values (results.summarize leaves NaN out), so its mean is finite, its std finite or NaN (one value), its count
+    values (raybench.sweep.outcome.summarize leaves NaN out), so its mean is finite, its std finite or NaN (one value), its count
     at least 1; a selected trial was selected on a finite value; and a summary whose measurements are all NaN or
     infinite holds no result at all (the sweep's wall time alone is finite)."""
     replicates = data.get("replicates")
@@ -296,7 +303,7 @@ class Selection:
 @dataclass
 class Replicates:
     """The selected config run again on other seeds: the seeds, how many finished, each run, and per metric the
-    mean, sample std and count over the finished ones (results.summarize)."""
+    mean, sample std and count over the finished ones (raybench.sweep.outcome.summarize)."""
 
     seeds: list[int] = field(default_factory=list)
     ok: int = 0
@@ -362,7 +369,7 @@ class ParamImportance:
 
 @dataclass(frozen=True)
 class Importances:
-    """What raybench.sweep.importance.importances found for one sweep: the evaluator, which trials it counted,
+    """What raybench.report.importance.importances found for one sweep: the evaluator, which trials it counted,
     each searched hyperparameter (rated ones first, most important first), how much of the metric's variance the
     main effects explain, and the caveats a reader must know before trusting the numbers (`notes`)."""
 
@@ -439,7 +446,7 @@ class SweepSummary:
 
     name: str
     state: SweepState = SweepState.FINISHED
-    selection_blind: str | None = None  # why the selection could not tell its configs apart (results.blindness)
+    selection_blind: str | None = None  # why the selection could not tell its configs apart (raybench.sweep.outcome.blindness)
     dataset: str
     algorithm: str
     space: str = ""  # the search space as given on the command line

@@ -11,9 +11,9 @@ from mlflow.tracking import MlflowClient
 
 from raybench.data import load_dataset
 from raybench.records import SweepSummary, TrialRecord, TrialStatus
-from raybench.sweep.importance import importances
+from raybench.report.importance import importances
+from raybench.sweep.outcome import select_best
 from raybench.sweep.progress import StageProgress
-from raybench.sweep.results import select_best
 from raybench.sweep.space import load_space
 
 

@@ -20,7 +20,7 @@ from clusters import LocalHead, port_plan
 from conftest import BIN, REPO, cli, on_head, processes_under, run_cli
 from mlflow import MlflowClient
 
-from raybench.sweep.benchmark import SLOTS_FOLDER, TRIAL_SLOT, BenchmarkOptions, Pair, SweepTarget, sweep_command
+from raybench.commands.benchmark import SLOTS_FOLDER, TRIAL_SLOT, BenchmarkOptions, Pair, SweepTarget, sweep_command
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.tracking import PARENT_TAG, RESUME_TAG
 
@@ -165,7 +165,7 @@ def test_more_sweeps_than_slots_run_at_once_only_in_a_trial_queue(queued, at_onc
     """In the queue a running sweep holds a slot only while a trial of its own runs, so `sweeps_at_once` may
     exceed the cap (3 sweeps, 2 slots): one starting up leaves its slot to another's trial. Without a queue each
     running sweep needs a slot of its own, so no more sweeps start than the cap."""
-    from raybench.sweep import benchmark as bench
+    from raybench.commands import benchmark as bench
 
     body = {"name": "b", **SMOKE, "max_concurrent_trials": 2, "sweeps_at_once": 3,
             "grid": [{"datasets": ["digits-shift"], "spaces": ["erm", "coral", "dann"]}]}

@@ -20,8 +20,7 @@ import pytest
 import yaml
 from conftest import REPO, cli, fail_on_reaching
 
-from raybench.records import PairState, Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
-from raybench.sweep.benchmark import (
+from raybench.commands.benchmark import (
     BenchmarkOptions,
     PairRecord,
     PairRunner,
@@ -33,6 +32,7 @@ from raybench.sweep.benchmark import (
     load_records,
     save_records,
 )
+from raybench.records import PairState, Replicates, Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
 from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 from raybench.sweep.errors import OptionError
 
@@ -45,7 +45,8 @@ pytestmark = pytest.mark.usefixtures("in_private_dirs")
 @pytest.fixture(autouse=True)
 def no_cluster_work(monkeypatch):
     """The benchmark's own checks (storage, records, grid) run; its pairs and any sweep would start Ray."""
-    from raybench.sweep import benchmark, runner
+    from raybench.commands import benchmark
+    from raybench.sweep import runner
 
     fail_on_reaching(monkeypatch, (benchmark, "_run_pairs_on_cluster"), (runner, "run_sweep"))
 

@@ -15,7 +15,7 @@ from test_compare import compare_json, summary
 
 from raybench.data import load_dataset
 from raybench.records import SweepSummary
-from raybench.sweep.compare import render
+from raybench.report.compare import render
 from raybench.sweep.space import load_space, sweep_space
 from raybench.trainer import TrainConfig, Trainer
 from raybench.trainer.callbacks import Callback
@@ -149,7 +149,7 @@ def test_compare_shows_each_rows_budget_and_flags_a_table_whose_rows_got_budgets
 
 
 def test_results_show_each_trials_steps_and_the_replicates_budget():
-    from raybench.sweep.report import render_results
+    from raybench.report.results_text import render_results
 
     record = with_budget(summary("s-fixmatch", "fixmatch", {"test/acc": (0.5, 0.01)}), 750, 1560, 780)
     trial_metrics = {f"budget/planned_{k}": v for k, v in {"steps": 750, "optimizer_steps": 190, "labeled_examples": 12000,

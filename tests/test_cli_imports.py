@@ -75,7 +75,7 @@ def recorded_sweep(path: Path, kept_importances: bool = False) -> Path:
                            space_scales={"lr": "log"}, selection=Selection("ood_val", "val/acc", "OOD val"),
                            trials=trials, replicates=Replicates())
     if kept_importances:
-        from raybench.sweep.importance import importances
+        from raybench.report.importance import importances
 
         summary.importances = importances(summary)
     path.write_text(json.dumps(summary.to_json()))

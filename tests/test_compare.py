@@ -11,7 +11,7 @@ import pytest
 from pylatexenc.latexwalker import LatexEnvironmentNode, LatexMacroNode, LatexWalker
 
 from raybench.records import SweepSummary
-from raybench.sweep.compare import (
+from raybench.report.compare import (
     BEST,
     FORMATS,
     WITHIN,
@@ -22,7 +22,7 @@ from raybench.sweep.compare import (
     records,
     render,
 )
-from raybench.sweep.plots import comparison_figure, save
+from raybench.report.plots import comparison_figure, save
 
 WILDS_REPORT = {"split_labels": {"id_val": "ID val", "val": "OOD val", "test": "OOD test", "id_test": "ID test"},
                 "columns": [{"key": "id_test/acc", "label": "ID test acc"}, {"key": "test/acc", "label": "OOD test acc"}]}

@@ -36,7 +36,7 @@ from raybench.sweep.converge import (
     run_until_converged,
     scaled_epochs,
 )
-from raybench.sweep.results import summarize
+from raybench.sweep.outcome import summarize
 
 LATE = "best epoch 2 of 2 is in its last 10% of epochs: the selection metric was still rising when the budget ended"
 
@@ -152,7 +152,8 @@ def test_each_attempt_is_prepared_as_its_own_sweep_under_its_name_and_scale(monk
         prepared.append(options)
         return SimpleNamespace(options=options, tracking_uri=f"sqlite:///{options.sweep_name('')}.db", attempts=[])
 
-    def run_sweep(chosen):
+    def run_sweep(chosen, recorder):
+        assert recorder is SWEEP_RECORD
         ran.append((chosen.options.sweep_name(""), list(chosen.attempts)))
         return fake_summary(chosen.options.sweep_name(""), [len(ran) < 3])  # attempts 1 and 2 peak late
 
@@ -161,7 +162,9 @@ def test_each_attempt_is_prepared_as_its_own_sweep_under_its_name_and_scale(monk
     options = runner.SweepOptions(space="erm", name="s", storage=str(tmp_path), converge=3.0, converge_attempts=4,
                                   tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     said = []
-    summary, uri = runner.sweep_until_converged(options, say=said.append)
+    from raybench.report.record import SWEEP_RECORD
+
+    summary, uri = runner.sweep_until_converged(options, say=said.append, recorder=SWEEP_RECORD)
     assert [(o.name, o.epochs_scale, o.resume) for o in prepared] == [("s", 1.0, False), ("s-epochs-x3", 3.0, False),
                                                                       ("s-epochs-x9", 9.0, False)]
     assert [name for name, _ in ran] == ["s", "s-epochs-x3", "s-epochs-x9"]
@@ -298,7 +301,8 @@ def test_smoke_and_set_epochs_are_raised_alike(digits):
 @pytest.fixture
 def no_cluster_work(monkeypatch, in_private_dirs):
     """A sweep or benchmark that got past its checks goes no further: reaching the cluster fails the test."""
-    from raybench.sweep import benchmark, ray_backend, runner
+    from raybench.commands import benchmark
+    from raybench.sweep import ray_backend, runner
 
     fail_on_reaching(monkeypatch, (runner, "run_sweep"), (benchmark, "_run_pairs_on_cluster"),
                      (ray_backend, "connect"))
@@ -375,7 +379,7 @@ def test_a_bad_converge_key_of_a_benchmark_file_is_one_line_with_exit_2(capsys, 
 
 @pytest.mark.usefixtures("no_cluster_work")
 def test_the_benchmark_flags_override_the_files_converge(capsys):
-    from raybench.sweep.benchmark import BenchmarkOptions, converge_settings
+    from raybench.commands.benchmark import BenchmarkOptions, converge_settings
     from raybench.sweep.benchmark_file import load_benchmark
 
     path = bench_file(converge={"factor": 3})

@@ -1,4 +1,4 @@
-"""Which hyperparameters matter (raybench.sweep.importance): fANOVA over a sweep's own trial records, shown by
+"""Which hyperparameters matter (raybench.report.importance): fANOVA over a sweep's own trial records, shown by
 `raybench results`, in summary.md and as importance.png beside the other figures."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from conftest import cli
 
 from raybench.records import Replicates, Selection, SweepSummary, TrialRecord, TrialStatus
-from raybench.sweep import plots
-from raybench.sweep.importance import MIN_TRIALS, importances, sweep_importances, table_lines
-from raybench.sweep.results import markdown
+from raybench.report import plots
+from raybench.report.importance import MIN_TRIALS, importances, sweep_importances, table_lines
+from raybench.report.results import markdown
 
 SCALES = {"lr": "log", "weight_decay": "linear"}
 
@@ -149,7 +149,7 @@ def test_the_chart_is_saved_beside_the_search_plot(tmp_path):
 def test_a_failing_fanova_is_a_reason_and_the_summary_is_still_written(monkeypatch):
     """The sweep writes summary.md (then summary.json) through importances when it ends: a failure there must
     not cost the sweep its record."""
-    from raybench.sweep import importance
+    from raybench.report import importance
 
     def broken(encoded, values):
         raise ValueError("the forest would not fit")
@@ -175,11 +175,11 @@ def test_a_blind_selection_is_the_first_caveat_in_the_table_and_under_the_chart(
 
 def test_too_few_trials_are_answered_without_importing_fanova():
     """A sweep's driver imports fANOVA (scikit-learn) beside Ray's start only when its search can count
-    MIN_TRIALS trials (runner.record_modules); below that, rating the sweep must not import it at its end either."""
+    MIN_TRIALS trials (raybench.report.record.SweepRecord.modules); below that, rating the sweep must not import it at its end either."""
     import subprocess
     import sys
 
-    code = ("import sys; from raybench.records import *; from raybench.sweep.importance import MIN_TRIALS, importances; "
+    code = ("import sys; from raybench.records import *; from raybench.report.importance import MIN_TRIALS, importances; "
             "trials = [TrialRecord(order=i, trial_id=f't{i}', seed=0, status=TrialStatus.OK, sampled={'lr': 10.0 ** -i}, "
             "selection_value=0.5 + i / 10) for i in range(MIN_TRIALS - 1)]; "
             "summary = SweepSummary(name='few', dataset='digits-shift', algorithm='erm', space_scales={'lr': 'log'}, "
@@ -194,7 +194,7 @@ def test_results_shows_the_importances_the_sweep_kept_without_fitting_the_forest
     """A finished sweep keeps what it rated in summary.json; `results` reads that instead of fitting fANOVA again
     (here fitting would fail, so a table that reads 'fANOVA failed' means it fitted)."""
     import raybench.tracking
-    from raybench.sweep import importance
+    from raybench.report import importance
 
     summary = sweep()
     kept = replace(summary, importances=importances(summary))

@@ -17,7 +17,7 @@ from clusters import LocalHead
 from conftest import BIN, cli, on_head, run_cli
 from mlflow.tracking import MlflowClient
 
-from raybench.sweep.results import replicate_seeds
+from raybench.sweep.outcome import replicate_seeds
 
 NAME = "ctrlc"
 WAIT_S = 420

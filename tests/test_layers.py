@@ -1,4 +1,4 @@
-"""The layers import downwards only: data, models, algorithms, then the trainer. Every import statement counts,
+"""The layers import downwards only: data, models, algorithms, the trainer, the sweep, then the report. Every import statement counts,
 inside functions too, because a lazy import of a layer above is how an import circle used to be hidden (the
 algorithms fetched ConfigError and the checkpoint helpers from the trainer, whose config imports them)."""
 from __future__ import annotations
@@ -17,6 +17,12 @@ FORBIDDEN = {
     "models": ("raybench.algorithms", "raybench.data", *ABOVE_ALGORITHMS),
     "data": ("raybench.models", "raybench.algorithms", *ABOVE_ALGORITHMS),
     "trainer": ("raybench.sweep", "raybench.tracking", "raybench.cli", "raybench.newt_suite"),
+    # The sweep runs the protocol; what it found is written by the report floor above it, handed in by the
+    # processes that run both (raybench.commands, raybench.api).
+    "sweep": ("raybench.report", "raybench.commands", "raybench.cli", "raybench.api"),
+    # A report is made from records and files, on a machine that may never have started Ray.
+    "report": ("ray", "raybench.sweep.ray_backend", "raybench.sweep.ray_trial", "raybench.sweep.ray_worker",
+               "raybench.commands", "raybench.cli", "raybench.api"),
 }
 ALLOWED = {"models": ("raybench.data.wilds.compat", "raybench.data.wilds")}
 

@@ -1,7 +1,7 @@
 """The MLflow UI command a sweep prints starts quickly on a small machine, and no link in a sweep's output opens
 MLflow's GenAI view.
 
-The command is taken exactly as raybench prints it (raybench.sweep.command.mlflow_hint, on a free port) and run by
+The command is taken exactly as raybench prints it (raybench.commands.sweep.mlflow_hint, on a free port) and run by
 the shell, as a user pastes it: its process tree holds one uvicorn process serving and no job runner (MLflow's
 defaults, four workers and about ten job-runner processes each importing MLflow, took about a minute to answer
 on 2 cores). How long it took to answer /health is recorded (printed, and a user property of the test), not
@@ -25,7 +25,7 @@ import psutil
 import pytest
 from conftest import BIN, REPO, seeded_store
 
-from raybench.sweep.command import mlflow_hint
+from raybench.commands.sweep import mlflow_hint
 from raybench.tracking import SweepTracker, ui_command, ui_link
 
 SUPPRESS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"

@@ -167,7 +167,8 @@ def test_the_python_api_is_held_to_the_flags_bounds(tmp_path, no_ray):
 def test_a_cluster_at_an_address_is_judged_once_joined_and_before_a_store_is_made(capsys, tmp_path, monkeypatch):
     """A cluster's resources are known only once joined; a refused request leaves no tracking store behind (it
     used to be made beside the join)."""
-    from raybench.sweep import command, ray_backend
+    from raybench.commands import sweep as command
+    from raybench.sweep import ray_backend
     from raybench.sweep.errors import ClusterError
 
     joined: list[str] = []
@@ -263,7 +264,7 @@ def test_train_on_a_real_full_disk_where_torch_says_no_errno_is_74_too(capsys, t
 def a_comparison(*datasets: str) -> Any:
     """What `compare` builds from finished sweeps, one per dataset."""
     from raybench.records import SweepSummary
-    from raybench.sweep.compare import compare
+    from raybench.report.compare import compare
 
     def summary(dataset: str) -> SweepSummary:
         return SweepSummary.from_json({
@@ -486,7 +487,7 @@ def test_a_sweep_stopped_while_ray_starts_offers_no_resume_that_would_be_refused
 def test_a_sweep_stopped_once_its_folder_exists_offers_the_resume(capsys, tmp_path, monkeypatch):
     from raybench.sweep import runner
 
-    def started_then_stopped(prepared: Any) -> None:
+    def started_then_stopped(prepared: Any, recorder: Any) -> None:
         (prepared.storage / f"{prepared.name}-search").mkdir(parents=True)
         raise KeyboardInterrupt
 
@@ -509,7 +510,7 @@ def a_benchmark_file(tmp_path) -> Path:
 @pytest.mark.parametrize("recorded", [False, True], ids=["before-its-record", "once-recorded"])
 def test_a_benchmark_stopped_offers_its_resume_only_once_it_has_a_record(recorded, a_benchmark_file, capsys,
                                                                         tmp_path, monkeypatch):
-    from raybench.sweep import benchmark
+    from raybench.commands import benchmark
 
     def stopped(bench: Any, options: Any) -> None:
         if recorded:

@@ -11,9 +11,9 @@ from matplotlib.container import ErrorbarContainer
 
 from raybench.labels import GROUP_SPLIT_LABELS, SHIFT_SPLIT_LABELS
 from raybench.records import SweepSummary
-from raybench.sweep import plots
-from raybench.sweep.compare import DatasetTable, compare
-from raybench.sweep.importance import importances
+from raybench.report import plots
+from raybench.report.compare import DatasetTable, compare
+from raybench.report.importance import importances
 
 SCALES = {"lr": "log", "unlabeled_ratio": "categorical"}
 

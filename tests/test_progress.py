@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from raybench.records import TrialRecord, TrialStatus
+from raybench.report.results import compute_line
+from raybench.sweep.outcome import compute_totals
 from raybench.sweep.progress import (
     LiveDisplay,
     PlainDisplay,
@@ -21,7 +23,6 @@ from raybench.sweep.progress import (
     say,
     showing,
 )
-from raybench.sweep.results import compute_line, compute_totals
 
 
 def run(metrics: dict[str, float], status: TrialStatus = TrialStatus.OK) -> TrialRecord:
@@ -232,11 +233,11 @@ def test_on_a_pseudo_terminal_the_display_redraws_in_place_and_piped_it_prints_p
 def test_a_benchmarks_board_shows_each_running_pairs_latest_sweep_line(tmp_path):
     """A live benchmark shows, under its bar, the last progress line each running pair's sweep logged (Ray's and
     other noise in the log aside); a pair whose sweep logged none yet is `starting`."""
-    from raybench.sweep.benchmark import latest_progress
+    from raybench.commands.benchmark import latest_progress
     from raybench.sweep.progress import LiveBoard, Row
 
     log = tmp_path / "pair.log"
-    log.write_text("===== 2026-12-07 12:00:00 python -m raybench.sweep.command erm ...\n"
+    log.write_text("===== 2026-12-07 12:00:00 python -m raybench.commands.sweep erm ...\n"
                    "sweep erm-digits: checking the search space, the dataset and the flags\n"
                    "search: 1/4 done, 2 running (epoch 2/10, starting), 0 failed, best OOD val acc 0.5000, "
                    "elapsed 1m00s, ETA 3m00s\n"
@@ -266,8 +267,8 @@ def test_a_benchmark_shows_its_running_pairs_on_the_board_and_a_plain_line_witho
     pair, its sweep's latest line), else says one plain line."""
     from types import SimpleNamespace
 
+    from raybench.commands.benchmark import PairRunner
     from raybench.records import PairState
-    from raybench.sweep.benchmark import PairRunner
     from raybench.sweep.progress import LiveBoard
 
     log = tmp_path / "pair.log"

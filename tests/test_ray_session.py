@@ -124,8 +124,8 @@ def test_what_runs_beside_rays_start_makes_a_new_store_and_imports_the_record(tm
     import subprocess
 
     db = tmp_path / "new.db"
-    code = ("import sys; from raybench.sweep.runner import _ready_for_the_end, record_modules; "
-            "modules = record_modules(3, True); "
+    code = ("import sys; from raybench.sweep.runner import _ready_for_the_end; "
+            "from raybench.report.record import SWEEP_RECORD; modules = SWEEP_RECORD.modules(3, True); "
             f"tracker = _ready_for_the_end('sqlite:///{db}', True, modules); "
             "assert tracker.experiment_id; assert all(m in sys.modules for m in modules), modules; "
             "assert 'matplotlib' in sys.modules and 'sklearn' in sys.modules")
@@ -139,9 +139,9 @@ def test_what_runs_beside_rays_start_makes_a_new_store_and_imports_the_record(tm
 def test_fanova_is_imported_beside_rays_start_only_for_a_search_it_can_rate(trials, searched, rated):
     """Below MIN_TRIALS search trials, or with nothing searched, importances() rates nothing and never imports
     Optuna's fANOVA (test_importance.py), so the driver does not import it either; the plots it always makes."""
-    from raybench.sweep.runner import IMPORTANCE_MODULES, PLOT_MODULES, record_modules
+    from raybench.report.record import IMPORTANCE_MODULES, PLOT_MODULES, SWEEP_RECORD
 
-    modules = record_modules(trials, searched)
+    modules = SWEEP_RECORD.modules(trials, searched)
     assert set(PLOT_MODULES) <= set(modules)
     assert set(IMPORTANCE_MODULES) <= set(modules) if rated else not set(IMPORTANCE_MODULES) & set(modules)
 

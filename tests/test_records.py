@@ -23,8 +23,9 @@ from raybench.records import (
     TrialRecord,
     TrialStatus,
 )
+from raybench.report import results
 from raybench.report_keys import CLOCK_STAMPS, SCHEMA_VERSION, SUMMARY_SCHEMA
-from raybench.sweep import results
+from raybench.sweep import outcome
 
 STORED = Path(__file__).parent / "stored" / "summary_before_schema_version.json"
 RECORDS = Path(__file__).resolve().parents[1] / "raybench" / "records.py"
@@ -90,7 +91,7 @@ KEPT = Importances("val/acc", "fANOVA (Optuna FanovaImportanceEvaluator, 64 tree
 
 
 def test_kept_importances_are_written_after_mlflow_and_read_back_typed(stored):
-    """A sweep keeps the importances it rated (raybench.sweep.importance) as the summary's last key; they read back
+    """A sweep keeps the importances it rated (raybench.report.importance) as the summary's last key; they read back
     as the same typed record, and a summary that kept none writes none."""
     with_kept = {**stored, SCHEMA_VERSION: SUMMARY_SCHEMA, "importances": KEPT.to_json()}
     summary = SweepSummary.from_json(with_kept)
@@ -179,12 +180,12 @@ def test_readers_take_the_typed_records(stored):
     """results' selection and tables read the typed fields: the stored summary's selected trial is the one
     select_best picks again from its trials, and trials.csv holds the stored words."""
     summary = SweepSummary.from_json(stored)
-    assert results.select_best(summary.trials) == summary.selected
+    assert outcome.select_best(summary.trials) == summary.selected
     frame = results.trials_frame(summary.trials)
     assert list(frame["status"]) == [t["status"] for t in stored["trials"]] and frame["status"].map(type).eq(str).all()
     # a summary written before the wall-clock stamps were left out averaged them too; nothing else differs
-    assert set(results.summarize(summary.replicates.runs)) == set(stored["replicates"]["summary"]) - CLOCK_STAMPS
-    assert not CLOCK_STAMPS & set(results.summarize(summary.replicates.runs)), "a moment averaged over replicates"
+    assert set(outcome.summarize(summary.replicates.runs)) == set(stored["replicates"]["summary"]) - CLOCK_STAMPS
+    assert not CLOCK_STAMPS & set(outcome.summarize(summary.replicates.runs)), "a moment averaged over replicates"
 
 
 def test_the_records_module_imports_only_the_standard_library_and_the_ground_floor():

@@ -13,8 +13,9 @@ from conftest import on_head, run_cli, seeded_store
 from raybench.checkpoints import write_model_checkpoint
 from raybench.data import load_dataset
 from raybench.records import ConvergenceAttempt, Replicates, Selection, SweepSummary, TrialRecord, TrialStatus
-from raybench.sweep.compare import as_table, compare, records
-from raybench.sweep.results import RowHealth, markdown
+from raybench.report.compare import as_table, compare, records
+from raybench.report.results import markdown
+from raybench.sweep.outcome import RowHealth
 from raybench.trainer import TrainConfig, Trainer
 from raybench.trainer.health import PseudoLabelHealth, collapse_limit, convergence_note, late_epochs
 
@@ -128,7 +129,7 @@ def _run(seed: int, late: str | None = None, collapsed: str | None = None, test:
 
 
 def _summary(name: str, runs: list[TrialRecord], **fields) -> SweepSummary:
-    from raybench.sweep.results import summarize
+    from raybench.sweep.outcome import summarize
 
     return SweepSummary(name=name, dataset="digits-shift", algorithm="pseudolabel", space="pseudolabel",
                         selection=Selection(strategy="ood_val", metric="val/acc"), trials=[runs[0]], selected=runs[0],
@@ -157,8 +158,8 @@ def test_one_late_replicate_of_three_is_noise_not_a_flag():
 
 
 def test_the_console_shows_each_trials_best_epoch_of_its_epochs_and_its_flags_in_words():
-    from raybench.sweep.report import table
-    from raybench.sweep.results import ratio_text
+    from raybench.budget import ratio_text
+    from raybench.report.results_text import table
 
     text = table(_summary("pl", [_run(0, "late")]))
     trial_line = next(line for line in text.splitlines() if line.lstrip().startswith("t0 "))
@@ -185,7 +186,7 @@ def test_an_interrupted_longer_attempt_leaves_the_earlier_one_its_row():
 
 
 def test_the_comparison_figure_names_each_rows_checks_under_its_method():
-    from raybench.sweep.plots import comparison_figure
+    from raybench.report.plots import comparison_figure
 
     erm = _summary("erm", [_run(0)])
     erm.algorithm, erm.space = "erm", "erm"

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import cli, fail_on_reaching
 
-from raybench.sweep import command as sweep_command
+from raybench.commands import sweep as sweep_command
 from raybench.sweep import options as sweep_options
 from raybench.sweep import space_catalog
 from raybench.sweep.space import SEARCH_DIR, SpaceError, load_space
@@ -125,7 +125,7 @@ def test_a_sweep_looks_its_space_up_in_its_spaces_folders(tmp_path, capsys, monk
 
 def test_a_benchmark_runs_a_shipped_grid_by_name_and_names_spaces_of_a_spaces_folder(tmp_path, capsys,
                                                                                     in_private_dirs, no_user_spaces):
-    from raybench.sweep.benchmark import BenchmarkOptions, SweepTarget, pair_settings
+    from raybench.commands.benchmark import BenchmarkOptions, SweepTarget, pair_settings
     from raybench.sweep.benchmark_file import BenchmarkError, load_benchmark
 
     planned = cli(["benchmark", "queue_smoke", "--plan"], capsys)

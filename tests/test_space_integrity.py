@@ -47,7 +47,8 @@ PLAN = ["benchmark", "grid.yaml", "--plan"]
 @pytest.fixture(autouse=True)
 def no_cluster_work(monkeypatch):
     """A sweep or benchmark that got past its load-time checks goes no further: reaching Ray fails the test."""
-    from raybench.sweep import benchmark, runner
+    from raybench.commands import benchmark
+    from raybench.sweep import runner
 
     fail_on_reaching(monkeypatch, (runner, "run_sweep"), (benchmark, "run_benchmark"))
 

@@ -1,4 +1,4 @@
-"""`raybench compare --stats` (raybench/sweep/stats.py): the intervals and tests against scipy's own on fixed data,
+"""`raybench compare --stats` (raybench/report/stats.py): the intervals and tests against scipy's own on fixed data,
 the verdicts (an interval that reaches over zero is never "better"), "too few to tell", what each selection rule
 picks from hand-built trial records, Kendall's tau on known rankings, the aggregate over datasets, and every format
 carrying the new fields on a comparison built from hand-built summaries (as tests/test_compare.py builds them)."""
@@ -19,9 +19,8 @@ from test_compare import SPUCO_REPORT, summary
 
 from raybench.cli import main
 from raybench.records import SweepSummary, TrialRecord
-from raybench.sweep.compare import FORMATS, BaselineError, Comparison, compare, records, render
-from raybench.sweep.results import summarize
-from raybench.sweep.stats import (
+from raybench.report.compare import FORMATS, BaselineError, Comparison, compare, records, render
+from raybench.report.stats import (
     IntervalChoice,
     IntervalMethod,
     Rule,
@@ -41,6 +40,7 @@ from raybench.sweep.stats import (
     t_interval,
     versus,
 )
+from raybench.sweep.outcome import summarize
 
 X = [0.61, 0.64, 0.58, 0.66, 0.60]
 Y = [0.55, 0.57, 0.52, 0.58, 0.54]
@@ -117,7 +117,7 @@ def test_a_big_difference_with_a_huge_variance_is_not_distinguishable():
 
 
 def test_the_verdict_needs_the_interval_to_exclude_zero_not_only_a_small_p():
-    from raybench.sweep.stats import Interval
+    from raybench.report.stats import Interval
 
     assert decide(0.01, Interval(-0.01, 0.05, IntervalMethod.BCA)) == Verdict.SAME
     assert decide(0.01, Interval(0.01, 0.05, IntervalMethod.BCA)) == Verdict.BETTER

@@ -311,7 +311,7 @@ def test_compare_shows_each_sweeps_own_results_in_every_format(smoke_sweep, tmp_
 
     from pylatexenc.latexwalker import LatexWalker
 
-    from raybench.sweep.results import fmt
+    from raybench.report.results import fmt
 
     shutil.copy(smoke_sweep["dir"] / "mlflow.db", tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -1,4 +1,4 @@
-"""The library runs one sweep through its own entry point (raybench.sweep.command), never through the CLI: the
+"""The library runs one sweep through its own entry point (raybench.commands.sweep), never through the CLI: the
 layers go data -> ... -> sweep -> tracking -> report with the CLI on top, and a benchmark used to start each pair
 as `python -m raybench.cli sweep`. Each test fails if that circle comes back, or if the entry point ends a sweep
 otherwise than `raybench sweep` does (the same lines, the same exit statuses).
@@ -20,20 +20,20 @@ from typing import Any
 import pytest
 
 from raybench.cli import main as cli_main
-from raybench.sweep import command
+from raybench.commands import sweep as command
 from raybench.sweep.errors import SweepInterrupted
 
 REPO = Path(__file__).resolve().parents[1]
-ENTRY = "raybench.sweep.command"
+ENTRY = "raybench.commands.sweep"
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's raybench
 
 # Imports the entry point, notes which of torch, Ray and MLflow it loaded, then the benchmark (which loads torch
 # through the datasets), and prints whether the CLI came with either.
 IMPORTS = """
 import json, sys
-import raybench.sweep.command
+import raybench.commands.sweep
 heavy = sorted({name.partition(".")[0] for name in sys.modules} & {"torch", "ray", "mlflow"})
-import raybench.sweep.benchmark
+import raybench.commands.benchmark
 print(json.dumps({"cli": "raybench.cli" in sys.modules, "heavy": heavy}))
 """
 
@@ -41,7 +41,7 @@ print(json.dumps({"cli": "raybench.cli" in sys.modules, "heavy": heavy}))
 # has (so a resume would be accepted), says "ready", then waits for the test's signal.
 WAITING = """
 import pathlib, sys, time
-from raybench.sweep import command
+from raybench.commands import sweep as command
 def wait(options):
     pathlib.Path(options.storage, options.sweep_name("") + "-search").mkdir(parents=True)
     print("ready", flush=True)
@@ -102,7 +102,7 @@ def test_the_help_is_raybench_sweeps():
 
 def test_the_benchmark_starts_each_pair_through_the_library_entry_point(tmp_path):
     from raybench.cli import build_parser
-    from raybench.sweep.benchmark import SWEEP_ENTRY, BenchmarkOptions, SweepTarget, shown_command, sweep_command
+    from raybench.commands.benchmark import SWEEP_ENTRY, BenchmarkOptions, SweepTarget, shown_command, sweep_command
     from raybench.sweep.benchmark_file import Benchmark, Pair
     from raybench.sweep.options import from_namespace
 

@@ -234,7 +234,7 @@ SLOTS = REPO / "tests" / "stored" / "trial-slots"
 
 @pytest.mark.parametrize("case", list(PAIRS))
 def test_the_benchmarks_command_for_a_pair_parses_back_to_the_options_the_pair_means(case, tmp_path):
-    from raybench.sweep.benchmark import TRIAL_SLOT, BenchmarkOptions, SweepTarget, sweep_command
+    from raybench.commands.benchmark import TRIAL_SLOT, BenchmarkOptions, SweepTarget, sweep_command
 
     pair_changes, bench_changes, queue, resume = PAIRS[case]
     pair = a_pair(**pair_changes)
@@ -242,7 +242,7 @@ def test_the_benchmarks_command_for_a_pair_parses_back_to_the_options_the_pair_m
     target = SweepTarget("127.0.0.1:1", "sqlite:///x.db", "parent", queued=queue == "resource",
                          slots=SLOTS if queue == "slots" else None)
     words = sweep_command(pair, benchmark, BenchmarkOptions(tmp_path, "sqlite:///x.db"), target, resume)
-    assert words[:3] == [sys.executable, "-m", "raybench.sweep.command"]  # `raybench sweep`, without the CLI
+    assert words[:3] == [sys.executable, "-m", "raybench.commands.sweep"]  # `raybench sweep`, without the CLI
     meant = SweepOptions(
         space=str(pair.space_path), dataset=pair.dataset, name=pair.sweep, storage=str(tmp_path),
         tracking_uri="sqlite:///x.db", address="127.0.0.1:1", trials=pair.trials, replicates=pair.replicates,
@@ -259,7 +259,7 @@ def test_the_benchmark_passes_the_flags_it_always_passed():
     """Spelled even at their defaults (the pair's log shows the command); --replicates only when the pair sets
     it, --smoke only when set, --resume when resuming, the queue's slot only in the queue; the benchmark's
     --progress-every, so its pairs' logs move at the interval its user chose."""
-    from raybench.sweep.benchmark import BenchmarkOptions, SweepTarget, sweep_command
+    from raybench.commands.benchmark import BenchmarkOptions, SweepTarget, sweep_command
 
     pair = a_pair()
     words = sweep_command(pair, a_benchmark(pair), BenchmarkOptions(Path("/runs"), "sqlite:///x.db"),

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
 from raybench import tracking
+from raybench.commands.benchmark import DamagedSummary, sweep_summary
 from raybench.records import MAX_RECORD_DEPTH, RecordError, SweepState
 from raybench.sweep import runner
-from raybench.sweep.benchmark import DamagedSummary, sweep_summary
 from raybench.tracking import (
     STORAGE_TAG,
     SWEEP_TAG,
@@ -249,7 +249,7 @@ def test_a_summary_whose_numbers_are_no_results_is_damaged(changes, why, store_u
 
 
 def test_a_single_replicate_std_of_nan_is_a_result():
-    """results.summarize writes std NaN for one replicate: that is no damage."""
+    """outcome.summarize writes std NaN for one replicate: that is no damage."""
     text = json.dumps(summary("s", replicates={"seeds": [1], "ok": 1, "runs": [], "summary": {
         "best/test/acc": {"mean": 0.5, "std": NAN, "n": 1}}}))
     assert read_summary_text(text, "s").replicates.summary["best/test/acc"]["n"] == 1

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from raybench.records import TrialRecord
 from raybench.report_keys import SCHEMA_VERSION, SELECTION_BLIND, SUMMARY_SCHEMA
-from raybench.sweep import results
+from raybench.sweep import outcome
 from raybench.tracking import SweepTracker, load_sweep_results, redact_uri
 
 SMOKE = ["--smoke", "--trials", "1", "--replicates", "1"]
@@ -170,7 +170,7 @@ def logged_on(summary_text: str, run_id: str) -> str:
 def test_one_damaged_summary_is_named_and_skipped_and_the_other_sweeps_are_read(store_uri, damaged, tmp_path):
     """A summary.json cut in half, or replaced by [] or {}, once broke `results` and `compare` for the whole
     store; now that sweep is one line naming it and the file, and the others read as before."""
-    from raybench.sweep import compare
+    from raybench.report import compare
     from raybench.tracking import DamagedRecord, find_sweeps
 
     uri = store_uri
@@ -234,25 +234,25 @@ def trial(**stored) -> TrialRecord:
 def test_summary_counts_only_the_numbers_it_averages():
     runs = [trial(status="ok", metrics={"a": 0.5}), trial(status="ok", metrics={"a": float("nan")}),
             trial(status="ok", metrics={"a": 0.7}), trial(status="failed", metrics={"a": 0.0})]
-    cell = results.summarize(runs)["a"]
+    cell = outcome.summarize(runs)["a"]
     assert cell["n"] == 2 and cell["mean"] == pytest.approx(0.6) and cell["std"] == pytest.approx(math.sqrt(0.02))
 
 
 def test_blind_trials_are_named_in_the_summary():
     ok = trial(status="ok", selection_blind=False, selection_value=0.5)
     blind = trial(status="ok", selection_blind=True)
-    assert results.blindness([ok, trial(status="ok", selection_value=0.7)]) is None
-    assert results.blindness([ok, blind]) == f"1 of 2 trials: {SELECTION_BLIND}"
-    assert results.blindness([blind, blind]) == f"every trial's {SELECTION_BLIND}"
+    assert outcome.blindness([ok, trial(status="ok", selection_value=0.7)]) is None
+    assert outcome.blindness([ok, blind]) == f"1 of 2 trials: {SELECTION_BLIND}"
+    assert outcome.blindness([blind, blind]) == f"every trial's {SELECTION_BLIND}"
 
 
 def test_trials_that_all_score_the_same_make_the_search_blind():
     """Each trial's epochs may be well chosen, yet if every trial ties, the search kept the first by order."""
     tied = [trial(status="ok", selection_value=0.0)] * 3 + [trial(status="failed", selection_value=None)]
-    assert results.blindness(tied) == ("all 3 trials scored the same selection value (0.0000): choosing among them "
+    assert outcome.blindness(tied) == ("all 3 trials scored the same selection value (0.0000): choosing among them "
                                        "is blind")
-    assert results.blindness(tied[:1]) is None  # one trial: nothing to choose between
-    assert results.blindness([*tied, trial(status="ok", selection_value=0.25)]) is None
+    assert outcome.blindness(tied[:1]) is None  # one trial: nothing to choose between
+    assert outcome.blindness([*tied, trial(status="ok", selection_value=0.25)]) is None
 
 
 def test_a_trial_whose_selection_metric_never_moves_is_tagged_blind(store_uri, tmp_path, ray_head):

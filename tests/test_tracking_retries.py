@@ -9,7 +9,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from raybench import tracking
-from raybench.sweep.results import tracking_line
+from raybench.report.results import tracking_line
 from raybench.tracking import CountedClient, TrackingStats
 
 

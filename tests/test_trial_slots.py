@@ -367,8 +367,8 @@ def test_a_benchmark_at_an_address_refuses_a_storage_without_file_locks_before_i
 
     import yaml
 
+    from raybench.commands.benchmark import BenchmarkOptions, check_storage
     from raybench.sweep import trial_slots
-    from raybench.sweep.benchmark import BenchmarkOptions, check_storage
     from raybench.sweep.benchmark_file import load_benchmark
     from raybench.sweep.errors import OptionError
 

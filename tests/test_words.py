@@ -42,9 +42,10 @@ def test_a_word_list_is_written_out_only_in_raybench_words(name):
 
 
 def test_the_registries_and_flags_are_built_from_the_declared_words():
-    from raybench.sweep import compare, options, sampling
+    from raybench.report import compare
+    from raybench.report.stats import RULES
+    from raybench.sweep import options, sampling
     from raybench.sweep.selection import SELECTIONS
-    from raybench.sweep.stats import RULES
 
     assert tuple(sampling.SAMPLERS) == words.SAMPLERS
     assert tuple(compare.RENDERERS) == tuple(words.COMPARE_FORMATS)

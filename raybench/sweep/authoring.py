@@ -12,9 +12,9 @@ import pandas as pd
 import yaml
 
 from raybench.algorithms import ALGORITHMS, Algorithm
+from raybench.budget import ratio_text
 from raybench.data.base import ShiftDataset
 from raybench.settings import SettingInfo, settings_of
-from raybench.sweep.results import ratio_text
 from raybench.sweep.sampling import config_key, draw_configs
 from raybench.sweep.space import Derived, Param, ResolvedSpace, SearchSpace
 from raybench.trainer.config import TrainConfig

@@ -2,7 +2,7 @@
 
 WILDS 2.0 set each dataset's epochs "with some upwards adjustments ... if we found that the best hyperparameter
 configuration had not converged on the validation set". Here that is a rule: a sweep whose selected config mostly
-peaked in its last epochs (raybench.sweep.results.RowHealth) is run again, the same search (seed, sampled
+peaked in its last epochs (raybench.sweep.outcome.RowHealth) is run again, the same search (seed, sampled
 configs, trials, replicates, selection) with every config's epochs raised by FACTOR alike, so that a method's
 budget keeps its ratio to ERM's; then by FACTOR^2, up to the attempts asked for. Each attempt is an ordinary sweep
 under its own name (`NAME`, `NAME-epochs-x2`, `NAME-epochs-x4`), so `--resume` reads a finished attempt and
@@ -123,7 +123,7 @@ def run_until_converged(base: str, rule: ConvergeRule, run_attempt: RunAttempt,
     raised again, up to `rule.attempts`: the summary of the last attempt run, which is the sweep's result. One
     line per attempt as it ends. A stop signal or an input error inside an attempt leaves through here as it
     came (the attempts before it are finished sweeps, which a `--resume` reads)."""
-    from raybench.sweep.results import RowHealth
+    from raybench.sweep.outcome import RowHealth
 
     earlier: list[ConvergenceAttempt] = []
     for number in range(1, rule.attempts + 1):
@@ -156,7 +156,7 @@ def attempt_line(attempt: Attempt, summary: SweepSummary, health: Any, next_scal
 def budget_words(summary: SweepSummary, short: bool = False) -> str:
     """The selected config's planned budget in words: its replicates' mean (the row a comparison shows), else
     the selected trial's own; `short` for the console line."""
-    from raybench.sweep.results import BudgetSummary
+    from raybench.sweep.outcome import BudgetSummary
 
     budget = BudgetSummary.from_metrics(summary.replicates.summary)
     if budget is None and summary.selected is not None:
@@ -183,7 +183,7 @@ def counting_attempt(base: str, rule: ConvergeRule | None,
     """The attempt that stands for sweep `base` under `rule`, from what each attempt left on disk (`read`: its
     summary by name, None before it wrote one): the first not finished yet, else the first that converged, else
     the last. Without a rule, `base` itself."""
-    from raybench.sweep.results import RowHealth
+    from raybench.sweep.outcome import RowHealth
 
     if rule is None:
         return Counted(base, 1.0, read(base))

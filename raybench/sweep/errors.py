@@ -1,5 +1,5 @@
 """What can stop a sweep, as exception types every layer may raise and the sweep's entry point
-(raybench.sweep.command, behind `raybench sweep`) and the CLI turn into one line each.
+(raybench.commands.sweep, behind `raybench sweep`) and the CLI turn into one line each.
 
 Kept apart from the runner and the Ray backend so that the command line can name them without importing Ray.
 """

@@ -297,7 +297,7 @@ class SweepOptions:
     max_failures: int = internal(2, why="a fixed policy: how often Ray restarts a trial whose worker failed")
     epochs_scale: float = internal(1.0, why="the convergence rule (raybench.sweep.converge): the factor this attempt "
                                              "raises every config's epochs by")
-    resume_command: str | None = internal(None, why="the sweep's entry point (raybench.sweep.command), from its argv: "
+    resume_command: str | None = internal(None, why="the sweep's entry point (raybench.commands.sweep), from its argv: "
                                                     "the command shown (and tagged) when the sweep is interrupted")
 
     def sweep_name(self, algorithm: str) -> str:
@@ -377,7 +377,7 @@ def _reading(field: dataclasses.Field, flag: Flag) -> dict[str, Any]:
 
 def from_namespace(args: argparse.Namespace, **internal: Any) -> SweepOptions:
     """The options a parsed `raybench sweep` command line means, in one call; `internal` gives the fields no flag
-    sets (the resume_command raybench.sweep.command builds). A repeated NAME=VALUE word that is no pair
+    sets (the resume_command raybench.commands.sweep builds). A repeated NAME=VALUE word that is no pair
     (`--set lr`) raises OptionError naming its flag."""
     stray = sorted(set(internal) - set(internal_names()))
     if stray:

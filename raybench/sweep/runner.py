@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import raybench
 from raybench.data import DATASETS, ShiftDataset, load_dataset
@@ -30,7 +30,6 @@ from raybench.paths import (
     inside,
     lock_busy,
     name_problem,
-    storage_writes,
     take_lock,
     writable_dir_problem,
 )
@@ -46,11 +45,9 @@ from raybench.records import (
     TrialStatus,
 )
 from raybench.sweep import options as sweep_options
-from raybench.sweep import progress, state_seal
-from raybench.sweep import results as tables
+from raybench.sweep import outcome, progress, state_seal
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, Attempt, ConvergeRule, run_until_converged, scale_text
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
-from raybench.sweep.importance import MIN_TRIALS, Importances, importances
 from raybench.sweep.local_cluster import check_local_cluster
 from raybench.sweep.options import SCHEDULERS, SweepOptions, cluster_address  # SweepOptions is imported from here too
 from raybench.sweep.progress import StageProgress, duration
@@ -88,6 +85,20 @@ from raybench.tracking import (
 
 STAGE_TITLES = {"search": "search", "replicate": "replicates"}
 T = TypeVar("T")
+
+
+class SweepRecorder(Protocol):
+    """What writes a sweep's record at its end (and at an interruption): its tables, pages and figures, on disk
+    and on the parent run. raybench.report.record.SWEEP_RECORD is the one raybench uses; the process that runs the
+    sweep (raybench.commands.sweep, raybench.api) hands it in, so that the sweep floor never imports the report
+    floor above it."""
+
+    def modules(self, trials: int, searched: bool) -> tuple[str, ...]:
+        """The modules the record will import, to import beside Ray's start while a core is idle."""
+
+    def record(self, prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, trials: list[TrialRecord],
+               replicates: list[TrialRecord], selected: TrialRecord | None) -> None:
+        """Write the record of `summary`; a full --storage is one StorageFull naming the file."""
 
 
 def announce(line: str) -> None:
@@ -446,21 +457,22 @@ def _param_text(param: Param) -> str:
 
 
 def sweep_until_converged(options: SweepOptions, space: SearchSpace | None = None,
-                          say: Callable[[str], None] = announce) -> tuple[SweepSummary, str]:
+                          say: Callable[[str], None] = announce, *,
+                          recorder: SweepRecorder) -> tuple[SweepSummary, str]:
     """(the sweep's summary, its tracking URI): one sweep, or with --converge the attempts of the convergence rule
     (raybench.sweep.converge), each prepared and run as its own sweep, until one converged or the cap; the last
     one's summary is the result. Every check of an attempt is made before its own cluster work, and those that
     can be judged for all attempts at once (their names) by the first attempt's (check_converge)."""
     if options.converge is None:
         prepared = prepare(options, space)
-        return run_sweep(prepared), prepared.tracking_uri
+        return run_sweep(prepared, recorder), prepared.tracking_uri
     uris: list[str] = []
 
     def run_attempt(attempt: Attempt) -> SweepSummary:
         prepared = prepare(attempt_options(options, attempt), space)
         prepared.attempts = list(attempt.earlier)
         uris.append(prepared.tracking_uri)
-        return run_sweep(prepared)
+        return run_sweep(prepared, recorder)
 
     summary = run_until_converged(options.sweep_name(""), converge_rule(options), run_attempt, say)
     return summary, uris[-1]
@@ -478,7 +490,7 @@ def attempt_options(options: SweepOptions, attempt: Attempt) -> SweepOptions:
     return dataclasses.replace(chosen, resume=options.resume and started)
 
 
-def run_sweep(prepared: Prepared) -> SweepSummary:
+def run_sweep(prepared: Prepared, recorder: SweepRecorder) -> SweepSummary:
     """Run a prepared sweep to the end; returns the summary that is also written to disk and MLflow.
 
     First, before anything but the lock file is written: the sweep's lock (one driver per sweep), then the
@@ -495,10 +507,10 @@ def run_sweep(prepared: Prepared) -> SweepSummary:
         if finished is not None:
             announce(f"sweep {prepared.name}: already finished; nothing to resume (its results, as recorded)")
             return finished
-        return _run_locked(prepared, lock)
+        return _run_locked(prepared, lock, recorder)
 
 
-def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
+def _run_locked(prepared: Prepared, lock: HeldLock, recorder: SweepRecorder) -> SweepSummary:
     """The sweep itself, by the driver holding `lock`, which its parent run names (LOCK_TAG)."""
     opts = prepared.options
     resume_command = opts.resume_command
@@ -513,7 +525,7 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
         except TrackingError as err:  # before Ray starts, naming the flag
             raise OptionError(f"--parent-run: {err}") from None
     ray_session = RaySession(opts)
-    modules = record_modules(opts.trials or 0, bool(prepared.space.search))
+    modules = recorder.modules(opts.trials or 0, bool(prepared.space.search))
     # A cluster at --address is judged only once joined (check_resources): a new store is made after that, so a
     # refused request leaves none behind. A private Ray's request was judged before the start (prepare).
     joining = cluster_address(opts.address) is not None
@@ -533,7 +545,7 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
                             storage=prepared.storage, resuming=opts.resume)
         tracker.set_tags(tracker.parent_id, {LOCK_TAG: f"{lock.path} (host {lock.holder.host}, pid {lock.holder.pid})"})
         try:
-            summary = _search_and_replicate(prepared, tracker, ray_session, resources, tags)
+            summary = _search_and_replicate(prepared, tracker, ray_session, resources, tags, recorder)
         except BaseException as err:
             tracker.end_sweep("KILLED" if isinstance(err, (KeyboardInterrupt, SweepInterrupted)) else "FAILED",
                               note=str(err))
@@ -542,19 +554,6 @@ def _run_locked(prepared: Prepared, lock: HeldLock) -> SweepSummary:
     finally:
         ray_session.stop()
     return summary
-
-
-PLOT_MODULES = ("raybench.sweep.plots",)  # matplotlib
-IMPORTANCE_MODULES = ("optuna.importance",)  # Optuna's fANOVA: scikit-learn, SciPy
-
-
-def record_modules(trials: int, searched: bool) -> tuple[str, ...]:
-    """The modules the sweep's record imports at its end, to import beside Ray's start: the plots always, and
-    fANOVA only for a search that can count MIN_TRIALS trials over something searched. Below that,
-    `importances` gives each parameter its reason without importing Optuna's fANOVA, whose scikit-learn is the
-    largest import a small sweep's driver would otherwise make for nothing."""
-    rated = searched and trials >= MIN_TRIALS
-    return PLOT_MODULES + (IMPORTANCE_MODULES if rated else ())
 
 
 def _ready_for_the_end(tracking_uri: str, new_store: bool, modules: tuple[str, ...]) -> SweepTracker | None:
@@ -629,7 +628,7 @@ class RaySession:
 
 
 def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session: RaySession, resources: Any,
-                          tags: dict[str, str]) -> SweepSummary:
+                          tags: dict[str, str], recorder: SweepRecorder) -> SweepSummary:
     opts = prepared.options
     backend = ray_session.backend
     started = time.time()
@@ -654,12 +653,12 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
     trials, cut_short = _stage_records(
         backend, lambda: backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume),
         prepared.space, search)
-    _raise_if_interrupted(prepared, tracker, "search", trials, opts.trials, started, cut_short)
-    selected = tables.select_best(trials)
+    _raise_if_interrupted(prepared, tracker, recorder, "search", trials, opts.trials, started, cut_short)
+    selected = outcome.select_best(trials)
     replicates: list[TrialRecord] = []
     seeds: list[int] = []
     if selected is not None and opts.replicates > 0:
-        seeds = tables.replicate_seeds(selected.trial_id, opts.replicates)
+        seeds = outcome.replicate_seeds(selected.trial_id, opts.replicates)
         announce(f"replicates: {len(seeds)} seeds of trial {selected.trial_id} (best of the search, "
                  f"{words} {selected.selection_value:.4f}), elapsed {duration(time.time() - started)}")
         # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
@@ -667,13 +666,13 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
         replicates, cut_short = _stage_records(
             backend, lambda: backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume),
             prepared.space, replicate)
-        _raise_if_interrupted(prepared, tracker, "replicates", replicates, len(seeds), started, cut_short,
+        _raise_if_interrupted(prepared, tracker, recorder, "replicates", replicates, len(seeds), started, cut_short,
                               trials, selected, seeds)
     ray_session.stop_in_background()  # every trial is collected: the record below needs no Ray
     announce("results: writing the summary, the tables and the figures")
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
     summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
-    _record(prepared, tracker, summary, trials, replicates, selected)
+    recorder.record(prepared, tracker, summary, trials, replicates, selected)
     return summary
 
 
@@ -688,7 +687,7 @@ def _stage_records(backend: Any, run_stage: Callable[[], Any], space: ResolvedSp
     return backend.collect(stage.grid, space, spec), backend.cut_short(stage)
 
 
-def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str, runs: list[TrialRecord],
+def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, recorder: SweepRecorder, stage: str, runs: list[TrialRecord],
                           expected: int, started: float, cut_short: bool, trials: list[TrialRecord] | None = None,
                           selected: TrialRecord | None = None, seeds: list[int] | None = None) -> None:
     """Tune returns normally after a Ctrl-C; a stage that Tune cut short, or with unfinished or missing runs, is
@@ -702,7 +701,7 @@ def _raise_if_interrupted(prepared: Prepared, tracker: SweepTracker, stage: str,
         replicates = runs
     summary = _summary(prepared, trials or [], selected, replicates, seeds or [], time.time() - started,
                        state=SweepState.interrupted_during(stage))
-    _record(prepared, tracker, summary, trials or [], replicates, None)
+    recorder.record(prepared, tracker, summary, trials or [], replicates, None)
     raise SweepInterrupted(prepared.name, stage, done, expected)
 
 
@@ -732,54 +731,17 @@ def _summary(prepared: Prepared, trials: list[TrialRecord], selected: TrialRecor
     """The sweep's summary.json as it stands: finished, or partial with the stage a signal interrupted."""
     strategy = prepared.options.selection
     return SweepSummary(
-        name=prepared.name, state=state, selection_blind=tables.blindness(trials), dataset=prepared.options.dataset,
+        name=prepared.name, state=state, selection_blind=outcome.blindness(trials), dataset=prepared.options.dataset,
         algorithm=prepared.algorithm, space=str(prepared.options.space), space_scales=space_scales(prepared.space),
         raybench_version=raybench.__version__,
         selection=Selection(strategy, prepared.selection_metric, prepared.selection_label,
                             SELECTIONS.get(strategy).analysis_only),
         metric_names=prepared.metric_names, report=prepared.report, trials=trials, selected=selected,
         replicates=Replicates(seeds, sum(r.status == TrialStatus.OK for r in replicates), replicates,
-                              tables.summarize(replicates)),
+                              outcome.summarize(replicates)),
         wall_seconds=round(seconds, 1),
-        compute={"search": tables.compute_totals(trials), "replicates": tables.compute_totals(replicates)},
+        compute={"search": outcome.compute_totals(trials), "replicates": outcome.compute_totals(replicates)},
         epochs_scale=None if prepared.options.epochs_scale == 1 else prepared.options.epochs_scale,
         attempts=list(prepared.attempts) or None)
 
 
-def _log_plots(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, found: Importances) -> None:
-    """The sweep's figures (raybench.sweep.plots) under `<storage>/<name>/plots` and on the parent run."""
-    from raybench.sweep import plots  # matplotlib is imported when a sweep ends, not when the CLI starts
-
-    selected = summary.selected
-    curves = [plots.Curve(*curve) for curve in tracker.selection_curves(prepared.selection_metric, selected.trial_id)] \
-        if selected else []
-    directory = prepared.storage / prepared.name / "plots"
-    with storage_writes(prepared.storage, f"the plots of sweep {prepared.name!r}"):
-        plots.save(plots.sweep_figures(summary, summary.space_scales, curves, found), directory)
-    tracker.log_artifacts(directory, "plots")
-
-
-def _record(prepared: Prepared, tracker: SweepTracker, summary: SweepSummary, trials: list[TrialRecord],
-            replicates: list[TrialRecord], selected: TrialRecord | None) -> None:
-    """Results as CSV, Parquet, JSON and markdown, next to the Tune runs and on the parent MLflow run. Each file
-    is written all or nothing; a full --storage is one StorageFull naming the file, before MLflow is told."""
-    summary.mlflow = {"experiment_id": tracker.experiment_id, "run_id": tracker.parent_id}
-    found = importances(summary)  # rated once: summary.md, the parent run's description and importance.png show it
-    summary.importances = found  # and summary.json keeps it, for `results` and `compare --stats` to read
-    directory = prepared.storage / prepared.name / "results"
-    with storage_writes(prepared.storage, f"the results of sweep {prepared.name!r}"):
-        tables.write_results(directory, summary, tables.trials_frame(trials), tables.replicates_frame(replicates),
-                             found)
-    tracker.log_artifacts(directory, "results")
-    headline = {f"replicates/{key}/{stat}": cell[stat] for key, cell in summary.replicates.summary.items()
-                for stat in ("mean", "std")}
-    headline.update({f"compute/{stage}/{name}": value for stage, totals in (summary.compute or {}).items()
-                     for name, value in totals.items()})
-    headline["wall_seconds"] = summary.wall_seconds
-    if summary.epochs_scale is not None:  # an attempt of the convergence rule: its epochs were raised
-        headline["epochs_scale"] = summary.epochs_scale
-    tracker.log_summary(tables.markdown(summary, found), headline)
-    _log_plots(prepared, tracker, summary, found)
-    checkpoint = Path(selected.checkpoint) / "best_model.pt" if selected and selected.checkpoint else None
-    if checkpoint is not None and checkpoint.is_file():
-        tracker.log_artifact(checkpoint, "selected_checkpoint")

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from raybench.records import Importances, ParamImportance, SweepSummary, TrialRecord, TrialStatus
+from raybench.records import Importances, ParamImportance, SweepSummary, TrialRecord, TrialStatus, is_finite_number
 
 LOG, LINEAR, CATEGORICAL = "log", "linear", "categorical"  # Param.scale's words (raybench.settings.Distribution)
 SEED = 0  # the forest's seed: one summary, one set of numbers
@@ -90,11 +90,11 @@ def blind_note(why: str) -> str:
 def _left_out_why(trial: TrialRecord) -> str:
     if not trial.status.selectable:
         return trial.status.value
-    return "without a finite value" if not _finite(trial.selection_value) else "without every searched setting"
+    return "without a finite value" if not is_finite_number(trial.selection_value) else "without every searched setting"
 
 
 def _counts(trial: TrialRecord) -> bool:
-    return trial.status.selectable and _finite(trial.selection_value)
+    return trial.status.selectable and is_finite_number(trial.selection_value)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class _Encoded:
 
     @classmethod
     def of(cls, name: str, raw: Sequence[Any], scale: str | None) -> _Encoded:
-        if not all(_finite(v) for v in raw) or scale not in (LOG, LINEAR, None):
+        if not all(is_finite_number(v) for v in raw) or scale not in (LOG, LINEAR, None):
             return cls(name, CATEGORICAL, tuple(_choice(v) for v in raw))
         if scale == LOG and all(v > 0 for v in raw):
             return cls(name, LOG, tuple(math.log10(v) for v in raw))
@@ -189,9 +189,6 @@ def _choice(value: Any) -> Any:
         return value
     return json.dumps(value, sort_keys=True, default=str)
 
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def table_lines(found: Importances) -> list[str]:

@@ -12,7 +12,7 @@ Per sweep, each a PNG beside the results and an MLflow artifact of the parent ru
 - `id_vs_ood.png`: ID against OOD test of every trial and replicate (Miller et al.'s "accuracy on the line" view),
   the selected trial starred and the replicates' mean ± std as error bars: does a better ID model also move OOD?
 - `importance.png`: each searched hyperparameter's fANOVA importance for the selection metric
-  (raybench.sweep.importance), where at least one could be rated: which ranges deserve the next search's trials?
+  (raybench.report.importance), where at least one could be rated: which ranges deserve the next search's trials?
 
 And one per comparison (`raybench compare --plot`): every method's mean ± std in each report column (ID and OOD
 test), the best OOD entry ringed.
@@ -45,15 +45,15 @@ from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator, 
 
 from raybench.labels import METRIC_LABELS, SHIFT_SPLIT_LABELS
 from raybench.paths import write_atomically
-from raybench.records import SweepSummary, TrialRecord
+from raybench.records import SweepSummary, TrialRecord, is_finite_number
+from raybench.report.importance import Importances, importances
+from raybench.report.results import split_labels
 from raybench.report_keys import BEST_PREFIX
-from raybench.sweep.importance import Importances, importances
-from raybench.sweep.results import split_labels
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from raybench.sweep.compare import Comparison, DatasetTable
+    from raybench.report.compare import Comparison, DatasetTable
 
 LOG, LINEAR, CATEGORICAL = "log", "linear", "categorical"  # Param.scale's names (raybench.sweep.space)
 BEST_STYLE = {"marker": "o", "s": 260, "facecolors": "none", "edgecolors": "tab:red", "linewidths": 2, "zorder": 3}
@@ -98,9 +98,6 @@ class Curve:
     epochs: Sequence[int]
     values: Sequence[float]
 
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def metric_words(split: str, metric: str, labels: Mapping[str, str]) -> str:
@@ -196,7 +193,7 @@ def _search_panel(ax: Axes, summary: SweepSummary, name: str, scale: str | None)
     """One hyperparameter's panel: the trials (its first collection), the selected one starred; whether tied
     trials were spread."""
     selected = summary.selected.trial_id if summary.selected else None
-    scored = [t for t in summary.trials if _finite(t.selection_value) and name in t.sampled]
+    scored = [t for t in summary.trials if is_finite_number(t.selection_value) and name in t.sampled]
     xs, categorical = _positions(ax, [t.sampled[name] for t in scored], scale)
     ys = [100 * (t.selection_value or 0.0) for t in scored]
     log = scale == LOG and not categorical and all(x > 0 for x in xs)
@@ -265,9 +262,9 @@ def _positions(ax: Axes, values: list[Any], scale: str | None) -> tuple[list[flo
     """x positions of sampled values and whether they are choices: the values themselves, or for a choice,
     evenly spaced ticks labelled with the choices in sorted order (so 3, 7, 15 sit side by side, and strings
     work too)."""
-    if scale != CATEGORICAL and all(_finite(v) for v in values):
+    if scale != CATEGORICAL and all(is_finite_number(v) for v in values):
         return [float(v) for v in values], False
-    choices = sorted(set(values), key=lambda v: (not _finite(v), v if _finite(v) else str(v)))
+    choices = sorted(set(values), key=lambda v: (not is_finite_number(v), v if is_finite_number(v) else str(v)))
     ax.set_xticks(range(len(choices)), [str(c) for c in choices])
     ax.set_xlim(-0.5, len(choices) - 0.5)
     return [float(choices.index(v)) for v in values], True
@@ -304,17 +301,17 @@ def id_ood_keys(summary: SweepSummary) -> tuple[str, str, str] | None:
 
 def _points(runs: Sequence[TrialRecord], id_key: str, ood_key: str) -> list[tuple[float, float]]:
     return [(100 * r.metrics[id_key], 100 * r.metrics[ood_key]) for r in runs
-            if _finite(r.metrics.get(id_key)) and _finite(r.metrics.get(ood_key))]
+            if is_finite_number(r.metrics.get(id_key)) and is_finite_number(r.metrics.get(ood_key))]
 
 
 def replicate_spread(summary: SweepSummary, key: str) -> tuple[float, float, int] | None:
     """(mean, std, n) of `key` over the replicates, times 100: the replicate summary's cell, else the OK runs'
     values (std 0 for a single one); None without a finite mean."""
-    values = [r.metrics[key] for r in summary.replicates.runs if _finite(r.metrics.get(key))]
+    values = [r.metrics[key] for r in summary.replicates.runs if is_finite_number(r.metrics.get(key))]
     cell = summary.replicates.summary.get(key)
-    if cell and _finite(cell.get("mean")):
+    if cell and is_finite_number(cell.get("mean")):
         std = cell.get("std")
-        return 100 * cell["mean"], 100 * std if _finite(std) else 0.0, int(cell.get("n") or len(values))
+        return 100 * cell["mean"], 100 * std if is_finite_number(std) else 0.0, int(cell.get("n") or len(values))
     if not values:
         return None
     return 100 * statistics.fmean(values), 100 * statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
@@ -427,7 +424,7 @@ def comparison_figure(table: DatasetTable) -> Figure:
     """Each method's mean ± std over replicates (error bars) in every report column, side by side; the best
     entry of the ranking column ringed, analysis-only (oracle) rows labelled as such. The legend, between the
     title and the axis, names each column in words; the artists keep the table's column labels."""
-    from raybench.sweep.compare import BEST
+    from raybench.report.compare import BEST
 
     rows = table.ranked + table.analysis_only
     labels = _table_split_labels(table)

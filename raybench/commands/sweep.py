@@ -1,7 +1,7 @@
-"""One sweep as a process: `python -m raybench.sweep.command ARGS` is `raybench sweep ARGS`.
+"""One sweep as a process: `python -m raybench.commands.sweep ARGS` is `raybench sweep ARGS`.
 
 The library's entry point for one sweep. `raybench sweep` (raybench.cli) hands its parsed arguments to `run`, and
-`raybench benchmark` (raybench.sweep.benchmark) starts this module for each pair, so the library never runs the CLI
+`raybench benchmark` (raybench.commands.benchmark) starts this module for each pair, so the library never runs the CLI
 (the layers go data -> ... -> sweep -> tracking -> report, the CLI on top). It owns what a sweep process does
 beyond the runner: its arguments (as raybench.sweep.options declares them), SIGTERM as a graceful stop, each
 error as one line with exit status 2, the interrupted line with the command that resumes it, the final results.
@@ -110,13 +110,14 @@ def again_command(argv: Sequence[str]) -> str:
 def _sweep(options: sweep_options.SweepOptions) -> tuple[SweepSummary, str]:
     """(the sweep's summary, its tracking URI); each input error the library raises as a UsageError naming the
     flag (or file) to change."""
+    from raybench.report.record import SWEEP_RECORD
     from raybench.sweep.runner import sweep_until_converged
     from raybench.sweep.space import SpaceError
     from raybench.tracking import TrackingError
     from raybench.trainer import ConfigError
 
     try:
-        return sweep_until_converged(options)  # one sweep, or the attempts of --converge
+        return sweep_until_converged(options, recorder=SWEEP_RECORD)  # one sweep, or the attempts of --converge
     except (SpaceError, SpaceFolderError, SweepExists, SweepBusy, OptionError) as err:
         raise UsageError(str(err)) from None
     except UnknownNameError as err:
@@ -131,7 +132,7 @@ def _sweep(options: sweep_options.SweepOptions) -> tuple[SweepSummary, str]:
 
 def _print_results(summary: SweepSummary, tracking_uri: str) -> None:
     """What `raybench results NAME` shows, importances included, then where to look at it in MLflow."""
-    from raybench.sweep.report import results_text
+    from raybench.report.results_text import results_text
     from raybench.tracking import redact_uri
 
     print(results_text(summary, "table"))

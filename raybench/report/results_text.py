@@ -8,22 +8,22 @@ from typing import Any
 
 import pandas as pd
 
+from raybench.budget import ratio_text
 from raybench.records import SweepSummary, TrialRecord
-from raybench.report_keys import BEST_PREFIX
-from raybench.sweep.importance import sweep_importances, table_lines
-from raybench.sweep.progress import duration
-from raybench.sweep.results import (
-    BudgetSummary,
+from raybench.report.importance import sweep_importances, table_lines
+from raybench.report.results import (
     compute_line,
     epoch_of,
     fmt,
     nothing_selected,
     notices,
-    ratio_text,
     summary_splits,
     summary_tracking_line,
     trial_flags,
 )
+from raybench.report_keys import BEST_PREFIX
+from raybench.sweep.outcome import BudgetSummary
+from raybench.sweep.progress import duration
 
 
 def _json_safe(value: Any) -> Any:
@@ -78,7 +78,7 @@ def render_results(summary: SweepSummary, fmt_name: str) -> str:
 
 
 def results_text(summary: SweepSummary, fmt_name: str) -> str:
-    """The sweep as `render` shows it, with which hyperparameters mattered (raybench.sweep.importance): a table
+    """The sweep as `render` shows it, with which hyperparameters mattered (raybench.report.importance): a table
     under the text, an `importances` field in JSON. CSV stays one row per trial, where no importance fits. Both
     a finished sweep's last output and `raybench results` print this, so they show the same."""
     text = render_results(summary, fmt_name)

@@ -2,7 +2,7 @@
 one command (and so one `ray job submit`), resumable as a whole, with one MLflow parent run over its sweeps.
 
 Each pair runs as its own `raybench sweep` process joined to the shared cluster (the library's entry point for one
-sweep, raybench.sweep.command, run with `python -m`: the library never runs the CLI):
+sweep, raybench.commands.sweep, run with `python -m`: the library never runs the CLI):
 - a pair is exactly the sweep a user would run by hand: the same checks, records, resume and results;
 - a pair that crashes, or that its own checks refuse, is recorded with its reason and the others go on;
 - a signal stops each sweep the way it stops a sweep run alone, so `--resume` continues each exactly.
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from raybench.paths import inside, name_problem, writable_dir_problem, write_atomically
+from raybench.paths import inside, name_problem, writable_dir_problem, write_atomically, write_text_atomically
 from raybench.records import PairState, RecordError, SweepState, SweepSummary
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.converge import ConvergeRule, Counted, counting_attempt
@@ -44,7 +44,6 @@ from raybench.sweep.errors import OptionError, SweepExists
 from raybench.sweep.options import SweepOptions, command_words, setting_word
 from raybench.sweep.progress import LiveBoard, Row, duration, live_board
 from raybench.sweep.progress import say as say_shown
-from raybench.sweep.results import write_text_atomically
 from raybench.sweep.trial_slots import lock_problem, make_slots
 from raybench.words import COMPARE_FORMATS
 
@@ -55,7 +54,7 @@ INTERRUPTED_CODES = (130, 143)  # a sweep stopped by SIGINT or SIGTERM says so i
 STOP_GRACE_S = 300.0  # a sweep stopping on SIGTERM writes its partial results; then it is killed
 # The library's entry point for one sweep, which each pair's process runs (`python -m`): the `raybench sweep` a user
 # types, without the CLI. Named, not imported: the sweep process runs it as __main__, and this process needs no copy.
-SWEEP_ENTRY = "raybench.sweep.command"
+SWEEP_ENTRY = "raybench.commands.sweep"
 
 
 class BenchmarkInterrupted(Exception):
@@ -704,8 +703,8 @@ def _summary_markdown(benchmark: Benchmark, records: dict[str, PairRecord]) -> s
 
 def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: Any) -> Path | None:
     """`raybench compare` over this benchmark's sweeps, in every format and with its figures, on the parent run."""
-    from raybench.sweep import compare, plots
-    from raybench.sweep.stats import StatsSettings
+    from raybench.report import compare, plots
+    from raybench.report.stats import StatsSettings
     from raybench.tracking import find_sweeps
 
     order = [counted_name(options.storage, p, convergence(benchmark, options)) for p in benchmark.pairs]

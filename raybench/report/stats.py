@@ -16,7 +16,7 @@ says how it was reached:
 - selection cost: from a sweep's search trials alone, the trial each rule (OOD val, ID val, the oracle) would have
   chosen and its test value; Kendall's tau between the method rankings the rules give.
 
-Pure functions of numbers and trial records (numpy and scipy): raybench.sweep.compare wires them into the table.
+Pure functions of numbers and trial records (numpy and scipy): raybench.report.compare wires them into the table.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from raybench.records import TrialRecord, Words
+from raybench.records import TrialRecord, Words, is_finite_number
 from raybench.report_keys import BEST_PREFIX
 from raybench.words import SELECTION_RULES
 
@@ -123,7 +123,7 @@ class Interval:
 
 
 def finite(values: Sequence[float]) -> np.ndarray:
-    """The finite values as floats: a NaN replicate is left out, as results.summarize leaves it out."""
+    """The finite values as floats: a NaN replicate is left out, as raybench.sweep.outcome.summarize leaves it out."""
     array = np.asarray(list(values), dtype="float64")
     return array[np.isfinite(array)]
 
@@ -391,17 +391,14 @@ def _key(rule: Rule, metric: str) -> str:
 def choose(trials: Sequence[TrialRecord], rule: Rule, metric: str) -> Choice:
     """The trial with the highest finite value of the rule's metric; ties go to the earlier-sampled trial."""
     key, test_key = _key(rule, metric), f"{BEST_PREFIX}{REPORT_SPLIT}/{metric}"
-    scored = [t for t in trials if _is_finite(t.metrics.get(key))]
+    scored = [t for t in trials if is_finite_number(t.metrics.get(key))]
     if not scored:
         return Choice(rule, key, note=f"no finished trial recorded {key}")
     best = max(scored, key=lambda t: (t.metrics[key], -t.order))
     test = best.metrics.get(test_key)
     return Choice(rule, key, best.trial_id, best.order, float(best.metrics[key]),
-                  float(test) if _is_finite(test) else None)
+                  float(test) if is_finite_number(test) else None)
 
-
-def _is_finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,12 @@ shift; worst-group and average test accuracy for SpuCo), mean ± std over each s
 within one std of it, the paper's convention. Analysis-only selections (oracle) get their own block and are never
 ranked against the rest. A sweep that has not finished is listed under the table, never dropped silently.
 
-With statistics (`compare --stats`, raybench.sweep.stats) the marks give way to answers: each cell's 95 % interval
+With statistics (`compare --stats`, raybench.report.stats) the marks give way to answers: each cell's 95 % interval
 of the mean, each row's difference from the baseline row (ERM's) with its interval, p-value and verdict, the
 trial each selection rule would have picked from the search trials (what the protocol's selection costs) with
 Kendall's tau between the rules' rankings, and over several datasets each method's mean rank and IQM.
 
-Pure records and text: reading the store is raybench.tracking's, drawing is raybench.sweep.plots'.
+Pure records and text: reading the store is raybench.tracking's, drawing is raybench.report.plots'.
 """
 from __future__ import annotations
 
@@ -28,11 +28,10 @@ import pandas as pd
 
 from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
 from raybench.records import Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
-from raybench.report_keys import BEST_PREFIX, KEPT_AT_BEST
-from raybench.sweep import stats
-from raybench.sweep.importance import sweep_importances
-from raybench.sweep.results import BudgetSummary, RowHealth, fmt, split_labels
-from raybench.sweep.stats import (
+from raybench.report import stats
+from raybench.report.importance import sweep_importances
+from raybench.report.results import fmt, split_labels
+from raybench.report.stats import (
     NORMALISATION,
     Difference,
     Interval,
@@ -43,6 +42,8 @@ from raybench.sweep.stats import (
     SelectionCost,
     StatsSettings,
 )
+from raybench.report_keys import BEST_PREFIX, KEPT_AT_BEST
+from raybench.sweep.outcome import BudgetSummary, RowHealth
 from raybench.words import COMPARE_FORMATS
 
 FORMATS = tuple(COMPARE_FORMATS)  # raybench.words declares them
@@ -91,7 +92,7 @@ class MethodRow:
     trial_seconds: float | None = None  # compute, search + replicates; None when the sweep did not record it
     cpu_seconds: float | None = None
     gpu_seconds: float | None = None
-    blind: str = ""  # the sweep's own finding that its selection could not see (results.blindness), else ""
+    blind: str = ""  # the sweep's own finding that its selection could not see (raybench.sweep.outcome.blindness), else ""
     blind_everywhere: bool = False  # no finished trial's selection metric moved: the selection was by chance
     budget: BudgetSummary | None = None  # the replicates' mean planned budget; None when they recorded none
     versus: Difference | None = None  # with statistics: against the baseline row on the ranking column
@@ -306,9 +307,9 @@ def _row(summary: SweepSummary, columns: list[Column], settings: StatsSettings |
                                                          ("gpu_seconds", "gpu_s"))})
 
 
-# ----- statistics (raybench.sweep.stats) -----------------------------------------------------------
+# ----- statistics (raybench.report.stats) -----------------------------------------------------------
 def _replicate_values(runs: list[TrialRecord], key: str) -> tuple[float, ...]:
-    """The finite values of `best/<key>` over the replicates that ran to their end, as results.summarize takes
+    """The finite values of `best/<key>` over the replicates that ran to their end, as raybench.sweep.outcome.summarize takes
     them for the mean and std."""
     values = [r.metrics.get(f"{BEST_PREFIX}{key}") for r in runs if r.status == TrialStatus.OK]
     return tuple(float(v) for v in stats.finite([v for v in values if isinstance(v, (int, float))]))
