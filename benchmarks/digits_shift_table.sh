@@ -12,5 +12,5 @@ mkdir -p "$OUT"
 URI="sqlite:///$(cd "$OUT" && pwd)/mlflow.db"
 resume=(); [ -d "$OUT/runs/table2" ] && resume=(--resume)
 "$RAYBENCH" benchmark table2_digits --storage "$OUT/runs" --tracking-uri "$URI" "${resume[@]}"
-# The table and its figure, as published in the README ("The embedded benchmark table").
+# The table and its figure, as published in the README ("The embedded Table 2 under the convergence rule").
 "$RAYBENCH" compare --dataset digits-shift --tracking-uri "$URI" --format markdown --plot "$OUT/digits_shift_table.png"

@@ -422,10 +422,10 @@ def check_children(client: object, children: list, check: Verification) -> None:
             check.problems.append(f"run {run.info.run_id} (trial {run.data.tags.get('trial_id')}) is {run.info.status}")
         if run.data.tags.get("stage") != "search":
             check.problems.append(f"run {run.info.run_id} has stage {run.data.tags.get('stage')!r}, expected 'search'")
-        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/acc"))
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "ood_val/acc"))
         if steps != list(range(EPOCHS)):
             check.bad_histories += 1
-            check.problems.append(f"run {run.info.run_id} (trial {run.data.tags.get('trial_id')}): val/acc steps "
+            check.problems.append(f"run {run.info.run_id} (trial {run.data.tags.get('trial_id')}): ood_val/acc steps "
                                   f"{steps}, expected {list(range(EPOCHS))}")
     if len(ids) != check.distinct_trial_ids:
         check.problems.append(f"{len(ids)} child runs carry {check.distinct_trial_ids} distinct trial ids")

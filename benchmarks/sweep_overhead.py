@@ -133,7 +133,7 @@ def import_seconds(statement: str, repeats: int = 3) -> float:
 
 
 def ablate(args: argparse.Namespace) -> None:
-    from raybench.sweep import ray_backend
+    from raybench.sweep import ray_backend, ray_search
 
     rays_defaults = ray_backend.TrainPath(reuse_driver=False, health_check_interval_s=2.0,
                                           process_group_for_one_worker=True, train_extras=True,
@@ -147,7 +147,7 @@ def ablate(args: argparse.Namespace) -> None:
     fixed = {"epochs": args.ablate_epochs, "patience": None}
     rows = []
     for label, path in variants:
-        ray_backend.DEFAULT_TRAIN_PATH = path
+        ray_search.DEFAULT_TRAIN_PATH = path  # what a RunSpec's train_path defaults to
         with tempfile.TemporaryDirectory() as tmp:
             summary, wall = run_sweep_once(args.space, args.ablate_trials, "train", 1, Path(tmp), fixed)
         startup, waits, teardown = per_trial_timing(summary)
@@ -181,15 +181,15 @@ def main() -> None:
     parser.add_argument("--ablate-trials", type=int, default=4)
     parser.add_argument("--ablate-epochs", type=int, default=3)
     args = parser.parse_args()
-    from raybench.sweep import ray_backend
+    from raybench.sweep import ray_backend, ray_cluster
 
     if args.ablate:
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-              f"ray {ray_backend.ray.__version__}", flush=True)
+              f"ray {ray_cluster.ray.__version__}", flush=True)
         ablate(args)
         return
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, ray {ray_backend.ray.__version__}")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, ray {ray_cluster.ray.__version__}")
     bare_wall = None
     for executor in args.executors.split(","):
         with tempfile.TemporaryDirectory() as tmp:

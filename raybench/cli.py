@@ -24,11 +24,13 @@ from raybench.commands.sweep import (
 )
 from raybench.exits import OneLineParser, Signals, UsageError, run_command
 from raybench.flag_types import assignment, nonblank, positive_int, progress_seconds, seed_int
+from raybench.paths import missing_folders, remove_if_empty, staging_inside
 from raybench.records import PairState
 from raybench.registry import Registry, UnknownNameError
+from raybench.report.renderers import FORMATS
 from raybench.sweep import options as sweep_options
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, ConvergeRule, converge_attempts, converge_factor
-from raybench.words import COMPARE_FORMATS, RESULT_FORMATS, SELECTION_RULES
+from raybench.words import SELECTION_RULES
 
 TRACKING_URI = nonblank("an MLflow tracking URI")  # an empty one silently meant the default store
 
@@ -223,18 +225,6 @@ def output_folder_problem(output: Path) -> str | None:
     return None
 
 
-def missing_folders(folder: Path) -> list[Path]:
-    """`folder` and each of its parents that does not exist yet, innermost first: what a command makes."""
-    return [path for path in (folder, *folder.absolute().parents) if not path.exists()]
-
-
-def remove_if_empty(folders: Sequence[Path]) -> None:
-    """Remove each folder (innermost first) that is still empty: a failed command leaves no folder it made."""
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
 @contextlib.contextmanager
 def full_disk_named(folder: Path | None, flag: str, what: str, made: Sequence[Path] = ()) -> Iterator[None]:
     """Inside, a full disk (or quota) while a command writes into `folder` (given by `flag`) becomes one
@@ -298,15 +288,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_newt_suite(args: argparse.Namespace) -> int:
     from raybench.algorithms.newt_probe import NEWT_C_GRID
     from raybench.data import load_dataset
-    from raybench.newt_suite import SUITE_FAMILIES, SuiteSettings, run_suite
-    from raybench.tracking import (
-        EXPERIMENT,
-        TrackingError,
-        check_reachable,
-        default_tracking_uri,
-        log_task_suite,
-        redact_uri,
-    )
+    from raybench.newt_suite import SUITE_FAMILIES, SuiteSettings, log_task_suite, run_suite
+    from raybench.tracking import EXPERIMENT, TrackingError, check_reachable, default_tracking_uri, redact_uri
     from raybench.trainer import ConfigError
 
     if args.dataset not in SUITE_FAMILIES:
@@ -511,15 +494,9 @@ def copy_plots(download: Callable[[Path], list[Path]], directory: Path) -> list[
     """`results --plots DIR`: the sweep's figures, downloaded into a hidden folder inside DIR and only then moved
     beside what DIR holds, each rename whole. A download that fails (a full disk, a figure whose name DIR holds as
     a folder) leaves DIR as it was: no partial file, and no DIR when this call made it."""
-    import shutil
-    import tempfile
-
     from raybench.file_kinds import not_a_file
 
-    made = missing_folders(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".raybench-plots-", dir=directory))
-    try:
+    with staging_inside(directory, ".raybench-plots-") as staging:
         with full_disk_named(directory, "--plots", "the sweep's figures"):
             staged = download(staging)
         targets = [directory / path.name for path in staged]
@@ -531,12 +508,6 @@ def copy_plots(download: Callable[[Path], list[Path]], directory: Path) -> list[
         for path, target in zip(staged, targets):
             path.replace(target)
         return targets
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        remove_if_empty(made)
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def name_list(text: str) -> tuple[str, ...]:
@@ -548,7 +519,7 @@ def name_list(text: str) -> tuple[str, ...]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from raybench import api
-    from raybench.report.compare import BaselineError, render
+    from raybench.report.compare import BaselineError, render_comparison
     from raybench.tracking import TrackingError
 
     settings = _stats_settings(args)
@@ -565,7 +536,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"--baseline: {err}") from None
     if plot is not None:
         check_figure_names(comparison, plot)  # before anything is printed or written
-    print(render(comparison, args.format))
+    print(render_comparison(comparison, args.format))
     if plot is not None:
         with full_disk_named(plot.parent, "--plot", "the comparison figure", missing_folders(plot.parent)):
             written = _save_comparison_plots(comparison, plot)
@@ -611,12 +582,14 @@ def _stats_settings(args: argparse.Namespace) -> Any:
 
     if not args.stats:
         given = [flag for flag, value in (("--baseline", args.baseline), ("--interval", args.interval),
-                                          ("--test", args.test)) if value is not None]
+                                          ("--test", args.test), ("--plan-seeds", args.plan_seeds or None))
+                 if value is not None]
         if given:
             raise UsageError(f"{given[0]}: only with --stats")
         return None
     return StatsSettings(interval=IntervalChoice(args.interval or IntervalChoice.T),
-                         test=Significance(args.test or Significance.WELCH), baseline=args.baseline)
+                         test=Significance(args.test or Significance.WELCH), baseline=args.baseline,
+                         plan_seeds=args.plan_seeds)
 
 
 def _save_comparison_plots(comparison: Any, plot: Path) -> list[Path]:
@@ -852,7 +825,7 @@ def add_sweep_parser(sub: Any) -> None:
 
     r = sub.add_parser("results", help="read a finished sweep back from MLflow")
     r.add_argument("name")
-    r.add_argument("--format", choices=RESULT_FORMATS, default="table")
+    r.add_argument("--format", choices=FORMATS.names(), default="table")
     r.add_argument("--tracking-uri", type=TRACKING_URI)
     r.add_argument("--plots", metavar="DIR", type=nonblank("a folder"), help="also copy the sweep's figures (PNG) into DIR")
     r.set_defaults(run=cmd_results)
@@ -864,7 +837,7 @@ def add_sweep_parser(sub: Any) -> None:
                    help="only these sweeps, in this row order (default: every sweep, oldest first)")
     c.add_argument("--selection", choices=tuple(SELECTION_RULES),
                    help="only sweeps selected this way (default: all; oracle rows are kept apart and never ranked)")
-    c.add_argument("--format", choices=tuple(COMPARE_FORMATS), default="table")
+    c.add_argument("--format", choices=FORMATS.names(), default="table")
     c.add_argument("--plot", metavar="FILE.png", type=nonblank("a file name ending in .png"), help="also draw the comparison (mean ± std per method) into this PNG")
     c.add_argument("--stats", action="store_true",
                    help="replace the within-one-std marks by statistics: each cell's 95%% interval of the mean, each "
@@ -881,8 +854,44 @@ def add_sweep_parser(sub: Any) -> None:
     c.add_argument("--test", choices=["welch", "permutation"],
                    help="--stats: the test against the baseline: Welch's t with its interval (default) or a "
                         "permutation test with a bootstrap interval (it cannot reach p < 0.05 with 3 vs 3 replicates)")
+    c.add_argument("--plan-seeds", action="store_true",
+                   help="--stats: for each row, the replicates per side Welch's test needs to tell it from the "
+                        "baseline at alpha 0.05 with power 0.8, from the replicate variance measured so far")
     c.add_argument("--tracking-uri", type=TRACKING_URI)
     c.set_defaults(run=cmd_compare)
+
+
+# ----- raybench export ---------------------------------------------------------------------------
+def cmd_export_wilds(args: argparse.Namespace) -> int:
+    """The leaderboard's files from finished sweeps (raybench.commands.export_wilds says how)."""
+    from raybench.commands.export_wilds import ExportRequest, export_sweeps, report_lines
+
+    request = ExportRequest(tuple(args.sweeps), Path(args.out), Path(args.storage), args.device, args.force)
+    with full_disk_named(request.out, "--out", "the leaderboard files", missing_folders(request.out)):
+        exports = export_sweeps(request, say=lambda line: print(line, file=sys.stderr))
+    print("\n".join(report_lines(exports)))
+    for done in exports:
+        for note in done.notes:
+            print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def add_export_parser(sub: Any) -> None:
+    e = sub.add_parser("export", help="write finished sweeps in another benchmark's submission format")
+    export = e.add_subparsers(dest="export_command", required=True, parser_class=OneLineParser)
+    w = export.add_parser("wilds", help="the WILDS leaderboard's prediction files (every replicate's selected "
+                                        "checkpoint on each evaluation split) and {dataset}_results.json, as the "
+                                        "authors' examples/evaluate.py reads and writes them")
+    w.add_argument("sweeps", nargs="+", metavar="SWEEP", help="a finished sweep's name, one per WILDS dataset")
+    w.add_argument("--out", required=True, metavar="DIR", type=nonblank("a folder"),
+                   help="where the files go: DIR/<dataset>/ (the folder evaluate.py reads) and DIR/<dataset>_results.json")
+    w.add_argument("--storage", default="runs", type=nonblank("a folder"),
+                   help="the sweeps' --storage, which keeps their results and replicate checkpoints")
+    w.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]",
+                   help="where the models predict (auto: a GPU when there is one, as the trainer chooses)")
+    w.add_argument("--force", action="store_true", help="replace an earlier export of the same datasets in DIR")
+    add_plugin_flags(w)
+    w.set_defaults(run=cmd_export_wilds)
 
 
 # ----- wiring -------------------------------------------------------------------------------------
@@ -939,6 +948,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_benchmark_parser(sub)
     add_space_parser(sub)
     add_data_parser(sub)
+    add_export_parser(sub)
     return parser
 
 

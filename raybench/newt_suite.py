@@ -280,6 +280,52 @@ def run_suite(dataset: ShiftDataset, settings: SuiteSettings, families: Families
     return SuiteResult(replace(settings, model=features.model, per_class=per_class), features.source, tasks)
 
 
+# ----- the suite in MLflow -----------------------------------------------------------------------------------
+SUITE_STAGE = "newt_suite"  # the `stage` tag of a suite's parent run
+SUITE_TASK_STAGE = "newt_task"  # and of each task's run under it
+
+
+def suite_params(result: SuiteResult) -> dict[str, Any]:
+    """What a suite run was asked for, as the parent run's params (model and per_class as run)."""
+    s = result.settings
+    return {"dataset": s.dataset, "model": s.model, "features_from": s.features_from, "seed": s.seed,
+            "per_class": s.per_class, "c_grid": s.c_grid, "folds": s.folds, "n_tasks": len(result.tasks)}
+
+
+def suite_metrics(result: SuiteResult) -> dict[str, float]:
+    """The suite's headline numbers: mean test accuracy per cluster (`accuracy/<cluster>`) and overall."""
+    return {**{f"accuracy/{cluster}": mean for cluster, mean in result.cluster_means.items()},
+            "accuracy/overall": result.overall_mean}
+
+
+def task_params(task: TaskResult) -> dict[str, Any]:
+    return {"pair": task.task, "first": task.first, "second": task.second, "cluster": task.cluster,
+            "n_train": task.n_train, "n_test": task.n_test}
+
+
+def task_metrics(task: TaskResult) -> dict[str, float]:
+    return {"accuracy": task.accuracy, "best_c": task.best_c, "cv_accuracy": task.cv_accuracy,
+            "unconverged_fits": task.unconverged_fits}
+
+
+def log_task_suite(uri: str, result: SuiteResult, experiment: str | None = None) -> str:
+    """A finished suite as one parent run (settings, cluster and overall means) with one nested run per task
+    (its pair, cluster, accuracy, chosen C, cross-validated accuracy), in `experiment` (raybench's by default);
+    returns the parent's run id. Every run is new: a suite takes a minute, so a re-run is a fresh measurement,
+    not a resumption; a failure half way marks the parent FAILED (RunWriter.log_run_group). MLflow is imported
+    here, when the suite has run, not when the command starts."""
+    from raybench.tracking import EXPERIMENT, STAGE_TAG, RunRecord, RunWriter, base_tags
+
+    s = result.settings
+    parent = RunRecord(result.name, suite_params(result), suite_metrics(result), {
+        **base_tags(s.dataset, PROBE), STAGE_TAG: SUITE_STAGE, "model": str(s.model),
+        "features_source": result.features_source[:5000]})
+    tasks = [RunRecord(f"{task.task} ({task.cluster})", task_params(task), task_metrics(task),
+                       {STAGE_TAG: SUITE_TASK_STAGE, "cluster": task.cluster}, key=f"{result.name}/{task.task}")
+             for task in result.tasks]
+    return RunWriter(uri, experiment or EXPERIMENT).log_run_group(parent, tasks)
+
+
 def check_per_class(per_class: int | None, y: np.ndarray, families: Families, folds: int) -> int:
     """`per_class`, or the default (the most the domain allows, up to NeWT's 50); it must fill train and test
     without reusing an example, and every cross-validation fold needs an example of each class."""

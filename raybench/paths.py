@@ -8,6 +8,7 @@ which the stage cache takes on it from every node.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -18,7 +19,7 @@ import stat
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -438,3 +439,36 @@ def lock_busy(path: Path) -> LockBusy | None:
 
 def _read_all(fd: int) -> str:
     return os.pread(fd, 4096, 0).decode("utf-8", errors="replace")
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """`folder` and each of its parents that does not exist yet, innermost first: what a command makes."""
+    return [path for path in (folder, *folder.absolute().parents) if not path.exists()]
+
+
+def remove_if_empty(folders: Sequence[Path]) -> None:
+    """Remove each folder (innermost first) that is still empty: a failed command leaves no folder it made."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+@contextlib.contextmanager
+def staging_inside(directory: Path, prefix: str) -> Iterator[Path]:
+    """A hidden folder made inside `directory` (and `directory` made, with its missing parents), where a command
+    writes its files before renaming each into place, so a reader never sees half of one. The folder is always
+    removed; on an error, so is every folder this call made that is left empty."""
+    import shutil
+    import tempfile
+
+    made = missing_folders(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_if_empty(made)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

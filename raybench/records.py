@@ -1,6 +1,6 @@
 """What a sweep writes down once and every part reads back: a trial's record and the sweep's summary.json.
 
-`collect` (raybench/sweep/ray_backend.py) makes a TrialRecord per trial and the runner one SweepSummary per sweep;
+`collect` (raybench/sweep/ray_collect.py) makes a TrialRecord per trial and the runner one SweepSummary per sweep;
 results, compare, plots, report, tracking and the benchmark read their typed fields, so a key is spelled in one
 place and a misspelt one fails where it is read, not as a missing cell. The JSON is the one raybench has always
 written, key for key and in the same order, so files, MLflow artifacts and `results --format json` do not change.
@@ -500,7 +500,7 @@ class SweepSummary:
     @classmethod
     def from_json(cls, data: Any) -> SweepSummary:
         """A parsed summary.json, of this schema or an older one (a missing key takes its default). Which versions
-        a reader accepts is raybench.tracking.read_summary's to say: this reads the keys whatever the version."""
+        a reader accepts is raybench.tracking.read_summary_text's to say: this reads the keys whatever the version."""
         if not isinstance(data, dict):
             raise RecordError(f"a JSON {type(data).__name__}, not a mapping")
         for key, kind in SUMMARY_SHAPE.items():

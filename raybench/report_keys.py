@@ -7,6 +7,7 @@ from __future__ import annotations
 
 SELECTION_BEST = "selection/best"  # the best selection value so far: what Tune's searcher and schedulers rank
 BEST_PREFIX = "best/"  # a trial's metrics at its selected (best) epoch
+REPLICATES_PREFIX = "replicates/"  # a sweep's parent run: `replicates/<key>/mean` and `/std` over its replicates
 INFO_PREFIX = "info/"  # facts a run reports about itself (its node, why its selection is blind), not measurements
 TIME_PREFIX = "time/"  # seconds a run used, by part
 

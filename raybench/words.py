@@ -1,8 +1,9 @@
 """The closed word lists of raybench's commands and files, each declared here once and read everywhere else.
 
 No torch, Ray or MLflow: the command line builds its parser from these before any of them loads, and the registries
-(the samplers, the selection rules, the formats) are built from them, so a word a flag accepts is always one the
-code behind it knows. Adding a selection rule that is "the best value of one split" is one line here.
+(the samplers, the selection rules) are built from them, so a word a flag accepts is always one the code behind it
+knows. Adding a selection rule that is "the best value of one split" is one line here. The output formats are the
+one list kept elsewhere: their registry (raybench.report.renderers.FORMATS) is their definition.
 """
 from __future__ import annotations
 
@@ -31,6 +32,5 @@ SELECTION_RULES: dict[str, SelectionRule] = {rule.name: rule for rule in (
     SelectionRule("oracle", "test", analysis_only=True),
 )}
 
-RESULT_FORMATS = ("table", "csv", "json")  # `raybench results --format`
-# `raybench compare --format`, with the file suffix a benchmark writes each one under
-COMPARE_FORMATS: dict[str, str] = {"table": "txt", "csv": "csv", "json": "json", "markdown": "md", "latex": "tex"}
+# The output formats are not listed here: each is a class registered by name in raybench.report.renderers.FORMATS,
+# with its file suffix, and `results --format`, `compare --format` and a benchmark's files read that registry.

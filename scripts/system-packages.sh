@@ -5,7 +5,7 @@
 #   dict-gcide); spoken-digits synthesises speech with espeak-ng; the MLflow UI test drives chromium; the
 #   head-restart test keeps the GCS's tables in redis-server.
 # A package already installed is left alone: nothing is updated or installed when none is missing. Through sudo
-# when not root. `scripts/system-packages.sh --list` prints the names (tests/conftest.py reads them from here).
+# when not root. `scripts/system-packages.sh --list` prints the names (tests/helpers/system_packages.py reads them).
 set -euo pipefail
 PACKAGES=(dataset-fashion-mnist wordnet-base dict-gcide espeak-ng chromium redis-server)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import MINILM_FOLDER, text_model, tiny_text_dataset
+from helpers.datasets import MINILM_FOLDER, text_model, tiny_text_dataset
 from torch import nn
 
 from raybench.algorithms import ALGORITHMS, AlgorithmContext, RoundContext, build_algorithm

@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 import optuna
-from conftest import on_head, run_cli
+from helpers.cli import on_head, run_cli
 from mlflow.tracking import MlflowClient
 
 from raybench.data import load_dataset
@@ -18,7 +18,8 @@ from raybench.sweep.space import load_space
 
 
 def asha(tmp_path, grace=1, factor=2.0, epochs=4):
-    from raybench.sweep.ray_backend import CooperativeASHA, EarlyStopping, StopRequests
+    from raybench.sweep.ray_search import CooperativeASHA
+    from raybench.sweep.ray_trial import EarlyStopping, StopRequests
 
     scheduler = CooperativeASHA(EarlyStopping(grace, factor, epochs), StopRequests(tmp_path / "stop"))
     return scheduler, scheduler.requests
@@ -70,7 +71,7 @@ EPOCHS = 4  # rungs at 1, 2 and 4 epochs: a weak trial asked at its first rung h
 
 
 def _first_draws(resolved, seed: int, n: int) -> list[float]:
-    from raybench.sweep.ray_backend import optuna_distribution
+    from raybench.sweep.sampling import optuna_distribution
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     return [study.ask({k: optuna_distribution(p) for k, p in resolved.search.items()}).params["lr"] for _ in range(n)]
@@ -108,7 +109,7 @@ def test_an_asha_sweep_stops_the_weak_trials_records_them_and_selects_on_best_ep
     for lr, trial in by_lr.items():
         (run,) = client.search_runs([experiment.experiment_id],
                                     f"tags.stage = 'search' and tags.trial_id = '{trial['trial_id']}'")
-        curve = client.get_metric_history(run.info.run_id, "val/acc")
+        curve = client.get_metric_history(run.info.run_id, "ood_val/acc")
         assert run.info.status == "FINISHED"
         if lr == GOOD_LR:
             assert len(curve) == EPOCHS and "raybench.stopped_early" not in run.data.tags

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_dataset
+from helpers.datasets import make_tiny_dataset
 
 from raybench.algorithms import ALGORITHMS, AlgorithmContext, build_algorithm
 from raybench.algorithms.noisy_student import NoisyStudent

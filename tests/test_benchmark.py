@@ -17,7 +17,9 @@ import psutil
 import pytest
 import yaml
 from clusters import LocalHead, port_plan
-from conftest import BIN, REPO, cli, on_head, processes_under, run_cli
+from helpers.cli import cli, on_head, run_cli
+from helpers.paths import BIN, REPO
+from helpers.processes import processes_under
 from mlflow import MlflowClient
 
 from raybench.commands.benchmark import SLOTS_FOLDER, TRIAL_SLOT, BenchmarkOptions, Pair, SweepTarget, sweep_command

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, cli, fail_on_reaching
+from helpers.cli import cli, fail_on_reaching
+from helpers.paths import REPO
 
 from raybench.commands.benchmark import (
     BenchmarkOptions,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import cli, fail_on_reaching
+from helpers.cli import cli, fail_on_reaching
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

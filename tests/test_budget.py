@@ -15,7 +15,7 @@ from test_compare import compare_json, summary
 
 from raybench.data import load_dataset
 from raybench.records import SweepSummary
-from raybench.report.compare import render
+from raybench.report.compare import render_comparison
 from raybench.sweep.space import load_space, sweep_space
 from raybench.trainer import TrainConfig, Trainer
 from raybench.trainer.callbacks import Callback
@@ -135,15 +135,15 @@ def test_compare_shows_each_rows_budget_and_flags_a_table_whose_rows_got_budgets
     capped = with_budget(summary("s-fixmatch", "fixmatch", cells), 750, 1560, 780)
     other_erm = with_budget(summary("s-coral", "coral", cells), 465, 465, 230)
 
-    assert "Budget outside" not in render(compare_json(fair), "table")
-    table = render(compare_json([*fair, capped, other_erm]), "table")
+    assert "Budget outside" not in render_comparison(compare_json(fair), "table")
+    table = render_comparison(compare_json([*fair, capped, other_erm]), "table")
     assert "1560 st, 5.0 lp, 2.00x ERM" in table
     assert "Budget outside the protocol's ratios: fixmatch (s-fixmatch): 0.48x the steps the WILDS rule gives it" in table
     assert "Budget outside the protocol's ratios: coral (s-coral): an ERM budget of 230 steps, not the table's 780" in table
     assert "dann (s-dann)" not in table.split("Budget outside", 1)[1]
     for fmt_name in ("markdown", "latex"):
-        assert "fixmatch (s-fixmatch): 0.48x" in render(compare_json([*fair, capped]), fmt_name)
-    rows = {r["sweep"]: r for r in json.loads(render(compare_json([*fair, capped]), "json"))["rows"]}
+        assert "fixmatch (s-fixmatch): 0.48x" in render_comparison(compare_json([*fair, capped]), fmt_name)
+    rows = {r["sweep"]: r for r in json.loads(render_comparison(compare_json([*fair, capped]), "json"))["rows"]}
     assert rows["s-fixmatch"]["budget_unfair"].startswith("0.48x") and rows["s-dann"]["budget_unfair"] == ""
     assert rows["s-dann"]["budget.erm_ratio"] == 2.0
 

@@ -32,7 +32,9 @@ from clusters import (
     recorded,
     script,
 )
-from conftest import BIN, REPO, cli, processes_under
+from helpers.cli import cli
+from helpers.paths import BIN, REPO
+from helpers.processes import processes_under
 from mlflow.tracking import MlflowClient
 
 

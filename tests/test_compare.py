@@ -13,16 +13,15 @@ from pylatexenc.latexwalker import LatexEnvironmentNode, LatexMacroNode, LatexWa
 from raybench.records import SweepSummary
 from raybench.report.compare import (
     BEST,
-    FORMATS,
     WITHIN,
     Comparison,
     UnfinishedSweep,
     compare,
-    latex_escape,
     records,
-    render,
+    render_comparison,
 )
 from raybench.report.plots import comparison_figure, save
+from raybench.report.renderers import FORMATS, latex_escape
 
 WILDS_REPORT = {"split_labels": {"id_val": "ID val", "val": "OOD val", "test": "OOD test", "id_test": "ID test"},
                 "columns": [{"key": "id_test/acc", "label": "ID test acc"}, {"key": "test/acc", "label": "OOD test acc"}]}
@@ -87,12 +86,12 @@ def test_the_oracle_is_kept_apart_and_labelled_and_unfinished_sweeps_are_listed(
     (table,) = wilds_comparison.tables
     assert [r.method for r in table.analysis_only] == ["erm_aug"]
     assert [u.name for u in wilds_comparison.unfinished] == ["s-none", "s-half"]
-    text = render(wilds_comparison, "table")
+    text = render_comparison(wilds_comparison, "table")
     ranked, oracle = text.split("Analysis only")
     assert "erm_aug" not in ranked and "erm_aug" in oracle and "70.0 ± 1.0" in oracle
     assert "60.0 ± 2.0 **" in ranked and "58.5 ± 1.0 *" in ranked and "55.0 ± 3.0 *" not in ranked
     assert "Not in the table (unfinished):" in text and "s-half" in text and "s-none: running" in text
-    markdown = render(wilds_comparison, "markdown")
+    markdown = render_comparison(wilds_comparison, "markdown")
     assert "**60.0 ± 2.0**" in markdown and "_58.5 ± 1.0_" in markdown and "- sweep s-none: running" in markdown
     assert "| erm_aug | OOD test acc (ORACLE: selected on the test split, analysis only, not a valid protocol) |" \
         in markdown  # each row says how it was selected
@@ -100,12 +99,12 @@ def test_the_oracle_is_kept_apart_and_labelled_and_unfinished_sweeps_are_listed(
 
 
 def test_csv_and_json_carry_the_unrounded_numbers(wilds_comparison):
-    frame = pd.read_csv(io.StringIO(render(wilds_comparison, "csv")))
+    frame = pd.read_csv(io.StringIO(render_comparison(wilds_comparison, "csv")))
     assert list(frame["method"]) == ["erm", "dann", "coral", "erm_aug"]
     assert list(frame["test/acc.mean"]) == [0.55, 0.60, 0.585, 0.70]
     assert list(frame["analysis_only"]) == [False, False, False, True]
     assert list(frame["mark"].fillna("")) == ["", BEST, WITHIN, ""]
-    data = json.loads(render(wilds_comparison, "json"))
+    data = json.loads(render_comparison(wilds_comparison, "json"))
     assert data["rows"] == json.loads(json.dumps(records(wilds_comparison)))
     assert data["tables"][0]["rank_key"] == "test/acc" and [u["name"] for u in data["unfinished"]] == ["s-none", "s-half"]
 
@@ -116,7 +115,7 @@ def _latex_nodes(text: str) -> list:
 
 
 def test_latex_is_a_booktabs_tabular_that_parses(wilds_comparison):
-    text = render(wilds_comparison, "latex")
+    text = render_comparison(wilds_comparison, "latex")
     (tabular,) = _latex_nodes(text)
     assert tabular.environmentname == "tabular"
     macros = [n.macroname for n in tabular.nodelist if isinstance(n, LatexMacroNode)]
@@ -141,9 +140,9 @@ def test_spuco_columns_are_worst_group_and_average_on_its_test_split_never_calle
     (table,) = comparison.tables
     assert table.rank_key == "test/worst_group_acc"
     for fmt_name in FORMATS:
-        text = render(comparison, fmt_name)
+        text = render_comparison(comparison, fmt_name)
         assert "OOD" not in text, fmt_name
-    assert "test worst-group acc" in render(comparison, "table") and "60.0 ± 5.0" in render(comparison, "table")
+    assert "test worst-group acc" in render_comparison(comparison, "table") and "60.0 ± 5.0" in render_comparison(comparison, "table")
 
 
 def test_a_summary_without_report_columns_gets_id_and_ood_test_of_its_selection_metric():
@@ -158,14 +157,14 @@ def test_selection_filter_and_two_sweeps_of_one_space_and_several_datasets():
                                   report=SPUCO_REPORT)], selection="ood_val")
     assert [t.dataset for t in comparison.tables] == ["digits-shift", "spuco-digits"]
     assert [r.method for r in comparison.tables[0].rows] == ["erm (a)", "erm (b)"]
-    assert "erm (b)" in render(comparison, "table") and "spuco-digits" in render(comparison, "csv")
+    assert "erm (b)" in render_comparison(comparison, "table") and "spuco-digits" in render_comparison(comparison, "csv")
 
 
 def test_a_single_replicate_has_no_std_and_only_the_best_is_marked():
     (table,) = compare_json([summary("a", "erm", {"test/acc": (0.5, math.nan)}),
                         summary("b", "dann", {"test/acc": (0.5 - 1e-9, math.nan)})]).tables
     assert [r.cells["test/acc"].mark for r in table.rows] == [BEST, ""]
-    assert json.loads(render(compare_json([summary("a", "erm", {"test/acc": (0.5, math.nan)})]), "json"))["rows"][0][
+    assert json.loads(render_comparison(compare_json([summary("a", "erm", {"test/acc": (0.5, math.nan)})]), "json"))["rows"][0][
         "test/acc.std"] is None
 
 
@@ -198,13 +197,13 @@ def test_a_blind_selection_is_marked_in_every_format_never_passed_off_as_a_choic
     partly["trials"] = [{"trial_id": f"t{i}", "status": "ok", "selection_blind": i < 3} for i in range(4)]
     partly["selection_blind"] = "3 of 4 trials: selection metric constant: selection is blind"
     comparison = compare_json([blind, partly])
-    table = render(comparison, "table")
+    table = render_comparison(comparison, "table")
     assert "OOD val acc (BLIND)" in table and table.count("(BLIND)") == 1  # only where no trial could be told apart
     for fmt_name in ("table", "markdown"):
-        text = render(comparison, fmt_name)
+        text = render_comparison(comparison, fmt_name)
         assert "Selection blind: erm (s-blind): every trial's selection metric constant" in text
         assert "Selection blind: coral (s-partly): 3 of 4 trials" in text
-    assert "% Selection blind: erm (s-blind)" in render(comparison, "latex")
-    rows = {r["sweep"]: r for r in json.loads(render(comparison, "json"))["rows"]}
+    assert "% Selection blind: erm (s-blind)" in render_comparison(comparison, "latex")
+    rows = {r["sweep"]: r for r in json.loads(render_comparison(comparison, "json"))["rows"]}
     assert rows["s-blind"]["selection_blind_everywhere"] and not rows["s-partly"]["selection_blind_everywhere"]
     assert rows["s-partly"]["selection_blind"].startswith("3 of 4")

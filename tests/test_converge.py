@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import cli, fail_on_reaching, on_head, run_cli, seeded_store
+from helpers.cli import cli, fail_on_reaching, on_head, run_cli
+from helpers.mlflow_stores import seeded_store
 from mlflow import MlflowClient
 
 from raybench.records import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import cli
+from helpers.cli import cli
 from host_syncs import counted_method, counting_syncs
 
 from raybench.algorithms.erm import ERM
@@ -195,7 +195,7 @@ def test_lars_steps_as_lightlys_without_reading_the_device():
 
 
 def test_a_text_model_compiles_its_encoder_not_its_tokenizer():
-    from conftest import text_model
+    from helpers.datasets import text_model
 
     model = text_model(2)
     assert model.compile_parts() == [model.featurizer.encoder, model.head]

@@ -241,10 +241,10 @@ def nearest_arc(points):
 def check_conformance_through_the_suites_own_test(tmp: Path) -> None:
     """tests/test_algorithms.py's conformance test (init, begin_round, a few updates, predict; finite loss and a
     gradient reaching the featurizer), called on vrex with that module's own helpers and tiny dataset."""
-    import conftest
     import test_algorithms
+    from helpers.datasets import make_tiny_dataset
 
-    test_algorithms.test_conformance_init_update_predict("vrex", conftest.make_tiny_dataset(), tmp)
+    test_algorithms.test_conformance_init_update_predict("vrex", make_tiny_dataset(), tmp)
 
 
 def check_trains_through_the_trainer(tmp: Path) -> None:

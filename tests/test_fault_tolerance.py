@@ -8,7 +8,8 @@ import signal
 import subprocess
 import time
 
-from conftest import BIN, on_head
+from helpers.cli import on_head
+from helpers.paths import BIN
 from mlflow.tracking import MlflowClient
 
 
@@ -34,7 +35,7 @@ def _epochs_logged(uri: str) -> list[int]:
     if experiment is None:
         return []
     runs = client.search_runs([experiment.experiment_id], "tags.stage = 'search'")
-    return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "val/acc"))
+    return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "ood_val/acc"))
 
 
 def test_a_killed_worker_is_retried_from_its_last_checkpoint(store_uri, tmp_path, ray_head):

@@ -15,7 +15,7 @@ from typing import Any
 import host_syncs
 import pytest
 import torch
-from conftest import make_tiny_dataset
+from helpers.datasets import make_tiny_dataset
 from test_algorithms import SHORT_SETUP, subject_for
 
 from raybench.algorithms import ALGORITHMS, frozen, mlm

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from conftest import cli
+from helpers.cli import cli
 
 from raybench.records import Replicates, Selection, SweepSummary, TrialRecord, TrialStatus
 from raybench.report import plots

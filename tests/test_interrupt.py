@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from clusters import LocalHead
-from conftest import BIN, cli, on_head, run_cli
+from helpers.cli import cli, on_head, run_cli
+from helpers.paths import BIN
 from mlflow.tracking import MlflowClient
 
 from raybench.sweep.outcome import replicate_seeds

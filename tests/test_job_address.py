@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import BIN
+from helpers.paths import BIN
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from importlib import metadata
 
 import tomllib
-from conftest import REPO
+from helpers.paths import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

@@ -3,7 +3,7 @@ or opened, so a planted link cannot truncate the file it points to and a FIFO ca
 disk while the lock is taken is the full disk's exit, 74.
 
 The sweep cases run the real command line in this process; a sweep that got past its checks would reach
-Ray's start-up, which fails the test (conftest.fail_on_reaching)."""
+Ray's start-up, which fails the test (helpers.cli.fail_on_reaching)."""
 from __future__ import annotations
 
 import errno
@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import cli, fail_on_reaching
+from helpers.cli import cli, fail_on_reaching
 
 from raybench.paths import HeldLock, UnsafeLockFile, lock_busy, take_lock
 from raybench.sweep import ray_backend, runner

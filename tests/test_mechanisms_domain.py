@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_dataset
+from helpers.datasets import make_tiny_dataset
 from torch import Tensor, nn
 
 from raybench import metrics

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TEXTS, make_tiny_dataset, text_model
+from helpers.datasets import TEXTS, make_tiny_dataset, text_model
 from lightly.loss.swav_loss import sinkhorn
 from torch import nn
 

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_dataset, tiny_text_dataset
+from helpers.datasets import make_tiny_dataset, tiny_text_dataset
 from torch import nn
 
 from raybench.algorithms import AlgorithmContext, build_algorithm

@@ -15,7 +15,9 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from conftest import REPO, on_head, require_system_package, run_cli
+from helpers.cli import on_head, run_cli
+from helpers.paths import REPO
+from helpers.system_packages import require_system_package
 from mlflow.tracking import MlflowClient
 
 from raybench.tracking import ui_link

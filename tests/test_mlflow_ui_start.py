@@ -23,7 +23,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BIN, REPO, seeded_store
+from helpers.mlflow_stores import seeded_store
+from helpers.paths import BIN, REPO
 
 from raybench.commands.sweep import mlflow_hint
 from raybench.tracking import SweepTracker, ui_command, ui_link

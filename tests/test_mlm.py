@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import MINILM_FOLDER as FOLDER
-from conftest import TEXTS, text_model, tiny_text_dataset
+from helpers.datasets import MINILM_FOLDER as FOLDER
+from helpers.datasets import TEXTS, text_model, tiny_text_dataset
 
 from raybench.algorithms import ALGORITHMS, AlgorithmContext, build_algorithm
 from raybench.algorithms.mlm import MaskedLM, masked_batch, masking_collator

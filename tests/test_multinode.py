@@ -27,7 +27,10 @@ from typing import Any
 import psutil
 import pytest
 from clusters import alive, free_port_base, port_is_free, port_plan, recorded, script
-from conftest import BIN, require_system_package, seeded_store, signal_and_wait, stop_processes_under
+from helpers.mlflow_stores import seeded_store
+from helpers.paths import BIN
+from helpers.processes import signal_and_wait, stop_processes_under
+from helpers.system_packages import require_system_package
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.timeout(1500)
@@ -180,7 +183,7 @@ def runs_of(uri: str, stage: str, sweep: str) -> list[Any]:
 
 
 def epochs_logged(uri: str, run_id: str) -> list[int]:
-    return sorted(m.step for m in MlflowClient(tracking_uri=uri).get_metric_history(run_id, "val/acc"))
+    return sorted(m.step for m in MlflowClient(tracking_uri=uri).get_metric_history(run_id, "ood_val/acc"))
 
 
 def summary_of(storage: Path, name: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from helpers.paths import REPO
 from mlflow.tracking import MlflowClient
 
 # Flooding (Ishida et al., ICML 2020, "Do We Need Zero Training Loss After Achieving Zero Training Loss?", eq. 2):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, fail_on_reaching
+from helpers.cli import cli, fail_on_reaching
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -20,7 +20,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers.paths import REPO
 
 PROJECT_PYTHON = Path(sys.executable)
 # What the wheel is built from: the files setuptools reads (pyproject.toml's readme included) and the package.

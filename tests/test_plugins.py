@@ -11,7 +11,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import BIN, on_head, run_cli
+from helpers.cli import on_head, run_cli
+from helpers.paths import BIN
 
 FIXTURES = Path(__file__).resolve().parent / "plugin_fixtures"
 TWIN = FIXTURES / "twinplug"

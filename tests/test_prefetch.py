@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, make_tiny_dataset
+from helpers.datasets import make_tiny_dataset
+from helpers.paths import REPO
 
 from raybench.data.base import InputReadError, ShiftDataset, Split
 from raybench.data.prefetch import THREAD_PREFIX, Prefetcher
@@ -196,7 +197,7 @@ def corrupt_images(folder: Path) -> list[Path]:
 
 
 def test_raybench_train_says_which_file_is_unreadable_in_one_line(wilds_images, tmp_path):
-    from conftest import run_cli
+    from helpers.cli import run_cli
 
     files = corrupt_images(wilds_images / "iwildcam_v2.0" / "train")
     env = {**os.environ, "RAYBENCH_WILDS_ROOT": str(wilds_images)}

@@ -295,7 +295,7 @@ def test_a_benchmark_shows_its_running_pairs_on_the_board_and_a_plain_line_witho
 
 def test_an_unknown_dataset_is_refused_before_a_phase_says_it_loads(capsys, tmp_path):
     """A bad --dataset is one line on stderr with exit 2; stdout has only the first phase, not `loading`."""
-    from conftest import cli
+    from helpers.cli import cli
 
     refused = cli(["sweep", "erm", "--dataset", "nosuch", "--storage", str(tmp_path / "runs")], capsys)
     assert refused.returncode == 2 and refused.stderr.startswith("raybench: error: --dataset/--selection: unknown")

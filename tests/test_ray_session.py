@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 
-from raybench.sweep import ray_backend
+from raybench.sweep import ray_backend, ray_cluster
 from raybench.sweep.errors import ClusterError
 from raybench.sweep.runner import RaySession, SweepOptions
 from raybench.tracking import TrackingError
@@ -126,7 +126,7 @@ def test_what_runs_beside_rays_start_makes_a_new_store_and_imports_the_record(tm
     db = tmp_path / "new.db"
     code = ("import sys; from raybench.sweep.runner import _ready_for_the_end; "
             "from raybench.report.record import SWEEP_RECORD; modules = SWEEP_RECORD.modules(3, True); "
-            f"tracker = _ready_for_the_end('sqlite:///{db}', True, modules); "
+            f"tracker = _ready_for_the_end('sqlite:///{db}', 'raybench', True, modules); "
             "assert tracker.experiment_id; assert all(m in sys.modules for m in modules), modules; "
             "assert 'matplotlib' in sys.modules and 'sklearn' in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -147,7 +147,7 @@ def test_fanova_is_imported_beside_rays_start_only_for_a_search_it_can_rate(tria
 
 
 class ShuttingDownRay:
-    """Ray's calls as the node watch and `ray_backend.shutdown` make them. `nodes` records every question asked
+    """Ray's calls as the node watch and `ray_cluster.shutdown` make them. `nodes` records every question asked
     while `shutdown` runs (the real core worker ends the process then); `shutdown` takes a while, as Ray's does."""
 
     def __init__(self) -> None:
@@ -176,13 +176,13 @@ def test_the_node_watch_asks_ray_nothing_once_ray_is_let_go(monkeypatch):
     stops the watch of the driver's node first; the watch asks every millisecond here, to meet the window."""
     fake = ShuttingDownRay()
     for name in ("is_initialized", "nodes", "shutdown"):
-        monkeypatch.setattr(ray_backend.ray, name, getattr(fake, name))
-    monkeypatch.setattr(ray_backend.ray, "get_runtime_context",
+        monkeypatch.setattr(ray_cluster.ray, name, getattr(fake, name))
+    monkeypatch.setattr(ray_cluster.ray, "get_runtime_context",
                         lambda: type("Context", (), {"get_node_id": lambda self: "own-node"})())
-    monkeypatch.setattr(ray_backend.ray._private.worker, "_global_node", None)
-    watch = ray_backend.watch_own_node(interval_s=0.001)
+    monkeypatch.setattr(ray_cluster.ray._private.worker, "_global_node", None)
+    watch = ray_cluster.watch_own_node(interval_s=0.001)
     assert fake.asked_three_times.wait(WAIT_S), "the watch never asked about its node"
-    ray_backend.shutdown()
+    ray_cluster.shutdown()
     watch.thread.join(WAIT_S)
     assert not watch.thread.is_alive(), "the node watch outlived Ray"
     assert fake.questions_during_shutdown == 0, f"{fake.questions_during_shutdown} questions reached Ray while it shut down"
@@ -271,5 +271,5 @@ def test_a_sweep_holds_no_stage_object_once_it_lets_ray_go(monkeypatch, tmp_path
     prepared = SimpleNamespace(options=options, name="s", storage=tmp_path, space=SimpleNamespace(search={}),
                                selection_metric="val/acc", epochs=1, report={"split_labels": {}})
     with pytest.raises(LettingGo) as letting_go:
-        runner._search_and_replicate(prepared, None, Session(), None, {})
+        runner._search_and_replicate(prepared, None, Session(), None, {}, recorder=None)
     assert letting_go.value.args[0] == [False, False], "a stage's objects were alive as Ray was let go"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from conftest import cli, on_head, run_cli
+from helpers.cli import cli, on_head, run_cli
 
 from raybench.sweep import state_seal
 from raybench.sweep.atomic_storage import atomic_local_filesystem

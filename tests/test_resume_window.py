@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import cli, fail_on_reaching
+from helpers.cli import cli, fail_on_reaching
 
 from raybench.sweep import ray_backend
 from raybench.tracking import SweepTracker

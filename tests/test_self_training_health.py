@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import on_head, run_cli, seeded_store
+from helpers.cli import on_head, run_cli
+from helpers.mlflow_stores import seeded_store
 
 from raybench.checkpoints import write_model_checkpoint
 from raybench.data import load_dataset
 from raybench.records import ConvergenceAttempt, Replicates, Selection, SweepSummary, TrialRecord, TrialStatus
-from raybench.report.compare import as_table, compare, records
+from raybench.report.compare import compare, records, render_comparison
 from raybench.report.results import markdown
 from raybench.sweep.outcome import RowHealth
 from raybench.trainer import TrainConfig, Trainer
@@ -142,7 +143,7 @@ def test_compare_marks_a_row_whose_replicates_collapsed_or_peaked_late():
     collapsed = "class 3 holds 100.0% of the 480 kept pseudo-labels at the selected epoch"
     summary = _summary("pl", [_run(0, late, collapsed), _run(1, late), _run(2)])
     assert RowHealth.of(summary).not_converged  # 2 of 3 peaked late
-    text = as_table(compare([summary]))
+    text = render_comparison(compare([summary]), "table")
     assert "not converged (2/3 peaked late); pseudo-labels collapsed (1/3)" in text
     assert f"Pseudo-labels collapsed: pseudolabel (pl): in 1 of 3 runs of the selected config ({collapsed})." in text
     assert "25.0 %" in text  # the replicates' kept share at their best epochs
@@ -154,7 +155,7 @@ def test_compare_marks_a_row_whose_replicates_collapsed_or_peaked_late():
 def test_one_late_replicate_of_three_is_noise_not_a_flag():
     summary = _summary("pl", [_run(0, "late"), _run(1), _run(2)])
     assert not RowHealth.of(summary).not_converged
-    assert "not converged" not in as_table(compare([summary]))
+    assert "not converged" not in render_comparison(compare([summary]), "table")
 
 
 def test_the_console_shows_each_trials_best_epoch_of_its_epochs_and_its_flags_in_words():
@@ -171,7 +172,7 @@ def test_compare_shows_only_the_last_attempt_of_a_pair():
     first = _summary("pl", [_run(0, "late"), _run(1, "late")])
     longer = _summary("pl-epochs-x2", [_run(0), _run(1)], epochs_scale=2.0,
                       attempts=[ConvergenceAttempt("pl", 1.0, "780 steps", "2 of 2 peaked late")])
-    text = as_table(compare([first, longer]))
+    text = render_comparison(compare([first, longer]), "table")
     assert [row.sweep for row in compare([first, longer]).tables[0].rows] == ["pl-epochs-x2"]
     assert "- pl (epochs x1, 780 steps: 2 of 2 peaked late), by pl-epochs-x2 (epochs x2)" in text
 
@@ -212,7 +213,7 @@ def test_a_raised_attempt_is_not_flagged_off_the_protocol_but_an_unraised_one_st
     capped = _summary("pl", [_budgeted(_run(0), 400, 1875)])
     table = compare([erm, raised, capped]).tables[0]
     assert [row.sweep for row, _ in table.unfair] == ["pl"]
-    assert "3125 st, 2.5 lp, 8.01x ERM, epochs x2" in as_table(compare([erm, raised, capped]))
+    assert "3125 st, 2.5 lp, 8.01x ERM, epochs x2" in render_comparison(compare([erm, raised, capped]), "table")
 
 
 # ----- through a real sweep ----------------------------------------------------------------------------

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import psutil
 import yaml
-from conftest import BIN, cli, processes_under
+from helpers.cli import cli
+from helpers.paths import BIN
+from helpers.processes import processes_under
 from mlflow.tracking import MlflowClient
 
 from raybench.sweep.leftovers import RECORD_NAME, DriverRecord, ProcessId, record_driver, stop_dead_drivers_leftovers
@@ -185,7 +187,7 @@ def test_after_a_sigkill_results_says_so_and_the_resume_stops_the_dead_drivers_l
     assert len(search) == 2 and {r.info.status for r in search} == {"FINISHED"}, [(r.info.run_id, r.info.status) for r in search]
     client = MlflowClient(tracking_uri=uri)
     for run in search:
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val/acc")]
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "ood_val/acc")]
         # Every epoch once: a trial the kill cut short goes on from the last checkpoint Tune had saved, so epochs
         # the dead driver had logged may run again; the resumed driver does not log them twice.
         assert sorted(steps) == [0, 1, 2], steps

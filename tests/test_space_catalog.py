@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import cli, fail_on_reaching
+from helpers.cli import cli, fail_on_reaching
 
 from raybench.commands import sweep as sweep_command
 from raybench.sweep import options as sweep_options

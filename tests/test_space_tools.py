@@ -6,7 +6,7 @@ import json
 
 import optuna
 import pytest
-from conftest import cli, run_cli
+from helpers.cli import cli, run_cli
 
 from raybench.data import load_dataset
 from raybench.sweep.authoring import describe, draw
@@ -27,7 +27,7 @@ def spuco(shared_data_dir):
 def test_draws_are_what_the_sweeps_searcher_hands_out_repeats_and_redraws_included(spuco):
     """The sweep's DistinctOptunaSearch, asked 14 times on SpuCo's 12-config grid, against draw_configs."""
     from raybench.report_keys import SELECTION_BEST as SEARCH_METRIC
-    from raybench.sweep.ray_backend import DistinctOptunaSearch
+    from raybench.sweep.ray_search import DistinctOptunaSearch
 
     resolved = sweep_space(load_space("erm"), spuco, {})
     searcher = DistinctOptunaSearch(space={n: optuna_distribution(p) for n, p in resolved.search.items()},

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import require_system_package, run_cli
+from helpers.cli import run_cli
+from helpers.system_packages import require_system_package
 
 from raybench.data import LABELED_SPLITS, UNLABELED_SPLITS, ShiftDataset
 from raybench.data import spoken_digits as sd

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import require_system_package
+from helpers.system_packages import require_system_package
 
 from raybench.data import DATASETS, ShiftDataset, TaskKind, load_dataset, spuco
 from raybench.data.base import MIN_GROUP_EXAMPLES, warn_small_groups

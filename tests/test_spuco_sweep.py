@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from clusters import LocalHead
-from conftest import cli, on_head, run_cli, seeded_store
+from helpers.cli import cli, on_head, run_cli
+from helpers.mlflow_stores import seeded_store
 from mlflow.tracking import MlflowClient
 
 
@@ -61,7 +62,7 @@ def test_selection_is_validation_worst_group_accuracy(sweep_name, request):
 
 def test_per_group_accuracy_is_logged_every_epoch(gb_sweep):
     trial = _runs(gb_sweep, "tags.stage = 'search'")[0]
-    group_keys = [k for k in trial.data.metrics if k.startswith("val/group_acc/")]
+    group_keys = [k for k in trial.data.metrics if k.startswith("ood_val/group_acc/")]  # MLflow's name of val/
     assert len(group_keys) == 25  # 5 classes x 5 colours
     history = gb_sweep["client"].get_metric_history(trial.info.run_id, group_keys[0])
     assert sorted(m.step for m in history) == [0, 1]
@@ -79,7 +80,7 @@ def test_each_stage_is_a_nested_run_of_its_trial(jtt_sweep):
         names = sorted(s.data.tags["raybench.method_stage"] for s in stages)
         assert names == ["infer_groups", "reference"]
         reference = next(s for s in stages if s.data.tags["raybench.method_stage"] == "reference")
-        assert "final/val/worst_group_acc" in reference.data.metrics
+        assert "final/ood_val/worst_group_acc" in reference.data.metrics
         assert reference.data.params["stage_key"] != "-"
         infer = next(s for s in stages if s.data.tags["raybench.method_stage"] == "infer_groups")
         assert "final/error_set_size" in infer.data.metrics

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from helpers.paths import REPO
 from test_spuco_data import require_fashion
 
 METHODS = ("ERM", "GroupDRO", "GB", "JTT", "DFR")

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 from clusters import LocalHead
-from conftest import MINILM_FOLDER, on_head, run_cli, seeded_store
+from helpers.cli import on_head, run_cli
+from helpers.datasets import MINILM_FOLDER
+from helpers.mlflow_stores import seeded_store
 from mlflow.tracking import MlflowClient
 from wilds_fixtures import write_all
 

@@ -19,7 +19,8 @@ from test_compare import SPUCO_REPORT, summary
 
 from raybench.cli import main
 from raybench.records import SweepSummary, TrialRecord
-from raybench.report.compare import FORMATS, BaselineError, Comparison, compare, records, render
+from raybench.report.compare import BaselineError, Comparison, compare, records, render_comparison
+from raybench.report.renderers import FORMATS
 from raybench.report.stats import (
     IntervalChoice,
     IntervalMethod,
@@ -250,7 +251,7 @@ def test_the_rows_carry_intervals_differences_and_selection_costs_and_no_marks(w
 
 def test_the_table_and_markdown_show_every_answer(with_stats):
     for fmt_name in ("table", "markdown"):
-        text = render(with_stats, fmt_name)
+        text = render_comparison(with_stats, fmt_name)
         assert "[95% t interval of the mean]" in text and "55.0 ± 3.0 [47.5, 62.5]" in text, fmt_name
         assert "Against the baseline erm on OOD test acc" in text and "Welch's t-test at alpha 0.05" in text
         for words in ("better", "not distinguishable", "too few replicates to tell", "(baseline)",
@@ -260,12 +261,12 @@ def test_the_table_and_markdown_show_every_answer(with_stats):
         assert "epoch its sweep's own selection chose" in text and "Kendall's tau, OOD val vs ID val" in text
         assert "Over 2 datasets" in text and "normalisation: min-max per dataset" in text and "IQM" in text
         assert "within one std" not in text and " **" not in text.replace("**digits", "").replace("**text", "")
-    table = render(with_stats, "table")
+    table = render_comparison(with_stats, "table")
     assert "dann                  +10.0" in table  # names read from the left, numbers line up on the right
 
 
 def test_the_latex_blocks_are_booktabs_tabulars_that_parse_with_one_cell_per_column(with_stats):
-    text = render(with_stats, "latex")
+    text = render_comparison(with_stats, "latex")
     nodes, _, _ = LatexWalker(text, tolerant_parsing=False).get_latex_nodes()
     tabulars = [n for n in nodes if isinstance(n, LatexEnvironmentNode)]
     assert [n.environmentname for n in tabulars] == ["tabular"] * 9  # per dataset 1 + 3 blocks, then the aggregate
@@ -280,7 +281,7 @@ def test_the_latex_blocks_are_booktabs_tabulars_that_parse_with_one_cell_per_col
 
 
 def test_csv_and_json_carry_the_new_fields_unrounded(with_stats):
-    frame = pd.read_csv(io.StringIO(render(with_stats, "csv")))
+    frame = pd.read_csv(io.StringIO(render_comparison(with_stats, "csv")))
     dann = frame[(frame["dataset"] == "digits-shift") & (frame["method"] == "dann")].iloc[0]
     expected = sps.ttest_ind([0.65, 0.66, 0.64], [0.55, 0.58, 0.52], equal_var=False)
     assert dann["vs_baseline.p_value"] == pytest.approx(expected.pvalue) and dann["vs_baseline.verdict"] == "better"
@@ -291,7 +292,7 @@ def test_csv_and_json_carry_the_new_fields_unrounded(with_stats):
     assert dann["selection_cost.cost"] == pytest.approx(0.04) and dann["selection_rank.oracle"] == 2
     assert dann["aggregate.mean_rank"] == 1.5 and dann["aggregate.iqm.ci_method"].startswith("stratified")
     assert "mark" not in frame.columns
-    data = json.loads(render(with_stats, "json"))
+    data = json.loads(render_comparison(with_stats, "json"))
     assert data["rows"] == json.loads(json.dumps(records(with_stats)))
     assert data["stats"]["interval"] == "t" and data["stats"]["test"] == "welch" and data["stats"]["baseline"] == "erm"
     assert "min-max per dataset" in data["stats"]["normalisation"] and "Single-seed" in data["stats"]["selection_cost"]
@@ -311,7 +312,7 @@ def test_every_format_carries_the_new_fields(with_stats):
               "json": ["test/acc.ci_low", "vs_baseline.p_value", "kendall_tau", "selection_cost.oracle.test", "iqm"]}
     assert set(fields) == set(FORMATS)
     for fmt_name, words in fields.items():
-        text = render(with_stats, fmt_name)
+        text = render_comparison(with_stats, fmt_name)
         assert all(w in text for w in words), (fmt_name, [w for w in words if w not in text])
 
 
@@ -319,7 +320,7 @@ def test_without_stats_the_marks_stay_and_no_new_field_appears():
     plain = compare([SweepSummary.from_json(sweep("s-erm", "erm", [0.55, 0.58], [(0.6, 0.9, 0.55)]))])
     assert plain.stats is None and plain.tables[0].stats is None and plain.tables[0].rows[0].cells["test/acc"].mark
     assert "vs_baseline.verdict" not in records(plain)[0] and "mark" in records(plain)[0]
-    assert "stats" not in json.loads(render(plain, "json"))
+    assert "stats" not in json.loads(render_comparison(plain, "json"))
 
 
 def test_a_baseline_by_sweep_name_and_one_naming_no_row():
@@ -327,7 +328,7 @@ def test_a_baseline_by_sweep_name_and_one_naming_no_row():
     rows = {r.method: r for r in comparison.tables[0].rows}
     assert comparison.tables[0].stats.baseline == "dann" and rows["erm"].versus.verdict == Verdict.WORSE
     assert comparison.tables[1].stats.baseline is None  # text-shift has no s-dann: no differences there, said so
-    assert "No differences: no ranked row is named 's-dann'" in render(comparison, "table")
+    assert "No differences: no ranked row is named 's-dann'" in render_comparison(comparison, "table")
     with pytest.raises(BaselineError, match="no ranked .* row is named 'erm_aug'; methods and sweeps: coral, dann"):
         stats_comparison(StatsSettings(baseline="erm_aug"))  # the oracle row is never a baseline
 
@@ -343,8 +344,8 @@ def test_spuco_has_no_id_val_rule_and_is_never_called_ood():
                            "summary": summarize([TrialRecord.from_json(r) for r in runs])}
     comparison = compare([SweepSummary.from_json(spuco)], settings=StatsSettings(baseline="gb"))
     for fmt_name in ("table", "markdown", "latex", "csv"):
-        assert "OOD" not in render(comparison, fmt_name), fmt_name
-    text = render(comparison, "table")
+        assert "OOD" not in render_comparison(comparison, fmt_name), fmt_name
+    text = render_comparison(comparison, "table")
     assert "the test worst-group acc (%) of the search trial" in text and "oracle (test) pick" in text
     assert "Not available: the dataset has no ID val split." in text
 
@@ -383,7 +384,31 @@ def test_json_and_csv_carry_each_rated_hyperparameters_importance_with_stats():
 
     searched = replace(SweepSummary.from_json(sweep("s-imp", "erm", [0.55, 0.58, 0.52], [])),
                        trials=importance_sweep().trials)
-    rows = json.loads(render(compare([searched], settings=DEFAULTS), "json"))["rows"]
+    rows = json.loads(render_comparison(compare([searched], settings=DEFAULTS), "json"))["rows"]
     assert rows[0]["importance.lr"] > 0.7 and rows[0]["importance.weight_decay"] < 0.3
-    assert "importance.lr" in render(compare([searched], settings=DEFAULTS), "csv").splitlines()[0]
-    assert not [k for k in json.loads(render(compare([searched]), "json"))["rows"][0] if k.startswith("importance.")]
+    assert "importance.lr" in render_comparison(compare([searched], settings=DEFAULTS), "csv").splitlines()[0]
+    assert not [k for k in json.loads(render_comparison(compare([searched]), "json"))["rows"][0] if k.startswith("importance.")]
+
+
+# ----- --plan-seeds: the replicates each comparison needs --------------------------------------------------------
+def test_plan_seeds_adds_the_replicates_each_row_needs_in_every_format():
+    from raybench.sweep.seed_rules import plan_seeds
+
+    planned = stats_comparison(StatsSettings(plan_seeds=True))
+    rows = {r.method: r for r in planned.tables[0].rows}
+    expected = plan_seeds([0.40, 0.80, 0.60], [0.55, 0.58, 0.52]).needed
+    assert rows["coral"].versus.plan.needed == expected and expected > 3  # not distinguishable with 3: how many
+    assert rows["dann"].versus.plan.needed == plan_seeds([0.65, 0.66, 0.64], [0.55, 0.58, 0.52]).needed
+    assert rows["fish"].versus.plan.needed is None  # one replicate: no variance to plan from
+    text = render_comparison(planned, "table")
+    assert "replicates needed" in text and f"coral: {expected} replicates per side" in text
+    assert "fish: needs two replicates on each side to measure a variance." in text
+    assert "power 0.8" in text
+    by_method = {r["method"]: r for r in records(planned) if r["dataset"] == "digits-shift"}
+    assert by_method["coral"]["vs_baseline.replicates_needed"] == expected
+    assert "replicates needed" not in render_comparison(stats_comparison(DEFAULTS), "table")  # asked for, not by default
+
+
+def test_plan_seeds_is_a_stats_flag(tmp_path, capsys):
+    assert main(["compare", "--plan-seeds", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]) == 2
+    assert "--plan-seeds: only with --stats" in capsys.readouterr().err

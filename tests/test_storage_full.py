@@ -27,7 +27,9 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 import torch
-from conftest import BIN, cli, on_head, run_cli, skip_unless_required
+from helpers.cli import cli, on_head, run_cli
+from helpers.paths import BIN
+from helpers.system_packages import skip_unless_required
 from mlflow.tracking import MlflowClient
 
 from raybench.paths import StorageFull, storage_writes, write_atomically, write_text_atomically
@@ -221,7 +223,7 @@ def test_a_sweep_whose_storage_fills_stops_in_one_line_and_resumes_exactly(reque
         client = MlflowClient(tracking_uri=uri)
         for run in children:  # every epoch once: none lost to the full disk, none logged again by the resume
             assert run.info.status == "FINISHED"
-            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/acc"))
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "ood_val/acc"))
             assert steps == [0, 1], (run.data.tags["stage"], run.data.tags["trial_id"], steps)
         parent = [r for r in runs if r.data.tags.get("stage") == "sweep"]
         assert len(parent) == 1 and parent[0].info.status == "FINISHED"

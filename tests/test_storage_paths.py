@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import cli, fail_on_reaching
+from helpers.cli import cli, fail_on_reaching
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

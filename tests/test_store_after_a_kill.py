@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import cli
+from helpers.cli import cli
 
 from raybench import tracking
 from raybench.tracking import SweepTracker

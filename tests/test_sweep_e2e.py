@@ -18,13 +18,16 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
-from conftest import BIN, cli, on_head, run_cli, seeded_store
+from helpers.cli import cli, on_head, run_cli
+from helpers.mlflow_stores import seeded_store
+from helpers.paths import BIN
 from mlflow.tracking import MlflowClient
 from ray.tune.result import AUTO_RESULT_KEYS
 
 from raybench.data import load_dataset
 from raybench.report_keys import CLOCK_STAMPS, SCHEMA_VERSION, SUMMARY_SCHEMA
 from raybench.sweep.space import load_space
+from raybench.tracking import mlflow_metric_name
 
 SEED = 3
 
@@ -79,7 +82,7 @@ def smoke_sweep(tmp_path_factory, ray_head, empty_store):
 
 def replay_random_sampler(space_name: str, seed: int, n: int, data_dir: Path) -> list[dict]:
     """What Optuna's RandomSampler(seed) draws for the space's distributions, in order."""
-    from raybench.sweep.ray_backend import optuna_distribution
+    from raybench.sweep.sampling import optuna_distribution
 
     resolved = load_space(space_name).for_dataset(load_dataset("digits-shift", data_dir))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed), direction="maximize")
@@ -138,7 +141,7 @@ def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
         assert {"trial_id", "seed", "dataset", "algorithm", "raybench_version"} <= set(tags)
         assert tags["dataset"] == "digits-shift" and tags["algorithm"] == "dann"
         assert "penalty" in run.data.params and "unlabeled_ratio" in run.data.params
-        history = client.get_metric_history(run.info.run_id, "val/acc")
+        history = client.get_metric_history(run.info.run_id, "ood_val/acc")
         assert sorted(m.step for m in history) == [0, 1]  # one value per epoch
         short = tags["trial_id"][:8]  # readable names: the searched values, or the replicate's seed
         expected = (f"replicate {short}: seed {tags['seed']}" if tags["stage"] == "replicate" else
@@ -154,6 +157,61 @@ def test_mlflow_has_one_parent_with_nested_trials_and_replicates(smoke_sweep):
         "plots/search.png", "plots/curves.png", "plots/id_vs_ood.png", *(f"plots/{name}" for name in DANN_PANELS)}
     description = parents[0].data.tags["mlflow.note.content"]
     assert f"Selected trial `{smoke_sweep['summary']['selected']['trial_id']}`" in description
+
+
+RESULTS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "results.md"
+
+
+def documented_table(after: str) -> list[list[str]]:
+    """The rows (header and rule left out) of the first table after the text `after` in
+    docs/reference/results.md, cells split on `|`."""
+    rows: list[str] = []
+    for line in RESULTS_PAGE.read_text().split(after, 1)[1].splitlines():
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in rows[2:]]
+
+
+def pattern_of(template: str) -> re.Pattern:
+    """A documented name (`search <trial id>: <setting>=<value>, ...`, `best/ood_val/<metric>`) as a regex: each
+    <placeholder> stands for any text, `...` for the rest of the name."""
+    parts = re.split(r"(<[^>]+>|\.\.\.)", template)
+    return re.compile("".join(".+" if part.startswith("<") or part == "..." else re.escape(part) for part in parts) + "$")
+
+
+def documented_names(cell: str) -> list[re.Pattern]:
+    """Every backticked name in a table cell; `.../std` after a name repeats that name's prefix."""
+    names = re.findall(r"`([^`]+)`", cell)
+    return [pattern_of(name if not name.startswith(".../") else names[0].rsplit("/", 1)[0] + name[3:]) for name in names]
+
+
+def test_the_stores_run_names_metric_names_and_files_are_the_ones_the_docs_name(smoke_sweep):
+    """docs/reference/results.md's tables, read as data, against the smoke sweep's real store and folders: every
+    run name and every metric name in MLflow is one the page documents, and the files it says a sweep writes are
+    where it says."""
+    client = MlflowClient(tracking_uri=smoke_sweep["uri"])
+    experiment = client.get_experiment_by_name("raybench")
+    runs = client.search_runs([experiment.experiment_id])
+    run_names = {row[0]: documented_names(row[1])[0] for row in documented_table("### Run names in MLflow")}
+    kind_of_stage = {"sweep": "a sweep", "search": "a search trial", "replicate": "a replicate"}
+    metric_names = [p for after in ("### Metric names in MLflow", "On the sweep's parent run, once")
+                    for row in documented_table(after) for p in documented_names(row[0])]
+    for run in runs:
+        documented = run_names[kind_of_stage[run.data.tags["stage"]]]
+        assert documented.match(run.info.run_name), f"{run.info.run_name!r} is not named {documented.pattern!r}"
+        for key in run.data.metrics:
+            assert any(p.match(key) for p in metric_names), f"undocumented metric {key!r} on {run.info.run_name!r}"
+    assert [r.info.run_name for r in runs if r.data.tags["stage"] == "sweep"] == ["smoke"]
+    assert {"search", "replicate", "sweep"} <= {r.data.tags["stage"] for r in runs}
+    results = smoke_sweep["dir"] / "runs" / "smoke" / "results"
+    for name in ("summary.json", "summary.md", "trials.csv", "trials.parquet", "replicates.csv", "replicates.parquet"):
+        assert (results / name).is_file(), name
+    assert (smoke_sweep["dir"] / "runs" / "smoke" / "plots" / "search.png").is_file()
+    assert (smoke_sweep["dir"] / "runs" / "smoke-search").is_dir()
+    selected = smoke_sweep["summary"]["selected"]["trial_id"]
+    assert (smoke_sweep["dir"] / "runs" / f"smoke-replicate-{selected}").is_dir()
 
 
 def tune_reports(stage_dir: Path) -> dict[str, list[dict]]:
@@ -192,7 +250,8 @@ def test_every_number_each_trial_reported_is_in_its_mlflow_run_at_its_epoch(smok
         assert [int(row["epoch"]) for row in rows] == [0, 1], "a smoke trial reports two epochs"
         stored: dict[str, set[tuple[int, float]]] = {}
         for key in {key for row in rows for key in reported_numbers(row)}:
-            stored[key] = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)}
+            history = client.get_metric_history(run.info.run_id, mlflow_metric_name(key))  # MLflow's name of it
+            stored[key] = {(m.step, m.value) for m in history}
         assert len(stored) > 30, f"only {len(stored)} numbers a report: not a real trial's report"
         missing = [(key, int(row["epoch"]), value) for row in rows for key, value in reported_numbers(row).items()
                    if (int(row["epoch"]), value) not in stored[key]]
@@ -375,7 +434,7 @@ def test_a_diverging_trial_is_recorded_and_the_sweep_goes_on(store_uri, tmp_path
 
 
 def _replay(resolved, seed: int, n: int) -> list[dict]:
-    from raybench.sweep.ray_backend import optuna_distribution
+    from raybench.sweep.sampling import optuna_distribution
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     return [study.ask({k: optuna_distribution(p) for k, p in resolved.search.items()}).params for _ in range(n)]

@@ -90,7 +90,7 @@ def test_the_searcher_does_not_hand_out_a_config_twice(tmp_path):
     import optuna
 
     from raybench.report_keys import SELECTION_BEST as SEARCH_METRIC
-    from raybench.sweep.ray_backend import DistinctOptunaSearch
+    from raybench.sweep.ray_search import DistinctOptunaSearch
 
     grid = {"lr": optuna.distributions.CategoricalDistribution([0.1, 0.01, 0.001]),
             "weight_decay": optuna.distributions.CategoricalDistribution([0.0, 0.01])}
@@ -112,7 +112,7 @@ def test_the_searcher_does_not_hand_out_a_config_twice(tmp_path):
 
 def test_worker_resources_reach_every_workers_request():
     from raybench.cli import build_parser
-    from raybench.sweep.ray_backend import Resources
+    from raybench.sweep.ray_trial import Resources
 
     args = build_parser().parse_args(["sweep", "erm", "--worker-resource", "raybench_worker=1",
                                       "--worker-resource", "ssd=0.5"])
@@ -138,18 +138,19 @@ def test_storage_without_file_locks_is_refused_before_ray(monkeypatch, capsys, t
 
 def test_a_custom_resource_no_node_offers_is_refused_naming_it(monkeypatch):
     """Tune would wait forever for a worker that asks for `raybench_worker` on a cluster with no worker node."""
-    from raybench.sweep import ray_backend
+    from raybench.sweep import ray_cluster
     from raybench.sweep.errors import ClusterError
+    from raybench.sweep.ray_trial import Resources
 
     head = {"Alive": True, "Resources": {"CPU": 2.0, "trial_driver": 8.0}}
     worker = {"Alive": True, "Resources": {"CPU": 1.0, "raybench_worker": 1.0}}
-    wanted = ray_backend.Resources(custom=(("raybench_worker", 1.0),))
-    monkeypatch.setattr(ray_backend.ray, "nodes", lambda: [head])
+    wanted = Resources(custom=(("raybench_worker", 1.0),))
+    monkeypatch.setattr(ray_cluster.ray, "nodes", lambda: [head])
     with pytest.raises(ClusterError, match=r"1 CPU and 0 GPU and 1 raybench_worker, but the cluster's nodes have "
                                            r"2 CPU/0 GPU/0 raybench_worker"):
-        ray_backend.check_resources(wanted, "function", autoscaling=False)
-    monkeypatch.setattr(ray_backend.ray, "nodes", lambda: [head, worker])
-    ray_backend.check_resources(wanted, "function", autoscaling=False)  # worker-1 can take it
-    monkeypatch.setattr(ray_backend.ray, "nodes", lambda: [head, {**worker, "Alive": False}])
+        ray_cluster.check_resources(wanted, "function", autoscaling=False)
+    monkeypatch.setattr(ray_cluster.ray, "nodes", lambda: [head, worker])
+    ray_cluster.check_resources(wanted, "function", autoscaling=False)  # worker-1 can take it
+    monkeypatch.setattr(ray_cluster.ray, "nodes", lambda: [head, {**worker, "Alive": False}])
     with pytest.raises(ClusterError):  # a dead node offers nothing
-        ray_backend.check_resources(wanted, "function", autoscaling=False)
+        ray_cluster.check_resources(wanted, "function", autoscaling=False)

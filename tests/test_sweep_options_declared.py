@@ -40,6 +40,7 @@ NON_DEFAULT: dict[str, Any] = {
     "trial_slots": str(REPO / "tests" / "stored" / "trial-slots"),  # a benchmark's slot folder, as the parser requires
     "address": "127.0.0.1:6379",
     "tracking_uri": "http://127.0.0.1:5000",
+    "experiment": "my-robustness-study",
     "storage": "/tmp/elsewhere/runs",
     "name": "my-sweep",
     "smoke": True,
@@ -271,9 +272,10 @@ def test_the_benchmark_passes_the_flags_it_always_passed():
     assert words[3] == "/spaces/erm.yaml"
 
 
-# What a --resume may not change: what is trained (dataset, smoke, space) and how the search and selection run.
+# What a --resume may not change: what is trained (dataset, smoke, space), how the search and selection run, and
+# the MLflow experiment its runs are filed under (a resume finds its runs there).
 DECIDE_WHAT_IS_TRAINED = {"dataset", "trials", "replicates", "seed", "sampler", "workers_per_trial", "smoke",
-                          "executor", "selection", "scheduler", "grace_period", "reduction_factor"}
+                          "executor", "selection", "scheduler", "grace_period", "reduction_factor", "experiment"}
 
 
 def test_a_resume_refuses_exactly_the_options_declared_fixed_naming_each_ones_flag():

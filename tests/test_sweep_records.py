@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import cli
+from helpers.cli import cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
@@ -25,14 +25,18 @@ from raybench.sweep import runner
 from raybench.tracking import (
     STORAGE_TAG,
     SWEEP_TAG,
+    DamagedRecord,
     RecordedSweep,
-    SweepClaimed,
     SweepTracker,
+    TrackingError,
     find_recorded_sweep,
     find_sweeps,
     load_sweep_results,
     read_summary_text,
+    reading,
 )
+from raybench.tracking import client as store_client
+from raybench.tracking.sweep_writer import SweepClaimed
 
 FAST = settings(max_examples=30, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -110,7 +114,7 @@ def test_a_sweep_is_found_by_its_exact_name_whatever_the_name_holds(name, store_
         parent_of(client, experiment, decoy)
     recorded = find_recorded_sweep(store_uri, name)
     assert recorded is not None and recorded.run_id == mine
-    assert tracking._sweep_parent(store_uri, name)[1].info.run_id == mine
+    assert reading._sweep_parent(store_uri, name)[1].info.run_id == mine
     assert tracker._find({SWEEP_TAG: name, "stage": "sweep"}).info.run_id == mine
 
 
@@ -130,9 +134,9 @@ def test_results_and_compare_read_a_hostile_name_and_dataset_exactly(name, store
 
 def test_a_filter_value_is_read_back_by_mlflow_as_given():
     """The filter itself: literal where MLflow reads it back, else a LIKE with the unquotable characters as `_`."""
-    assert tracking.tag_filter({"a": "plain", "b": "100%"}) == "tags.`a` = 'plain' and tags.`b` = '100%'"
-    assert tracking.tag_filter({"a": "it's", "b": "x"}) == "tags.`a` = \"it's\" and tags.`b` = 'x'"
-    assert tracking.tag_filter({"a": "back\\", "b": "x"}) == "tags.`a` LIKE 'back_' and tags.`b` = 'x'"
+    assert store_client.tag_filter({"a": "plain", "b": "100%"}) == "tags.`a` = 'plain' and tags.`b` = '100%'"
+    assert store_client.tag_filter({"a": "it's", "b": "x"}) == "tags.`a` = \"it's\" and tags.`b` = 'x'"
+    assert store_client.tag_filter({"a": "back\\", "b": "x"}) == "tags.`a` LIKE 'back_' and tags.`b` = 'x'"
 
 
 # ----- summary.json nested past any record --------------------------------------------------------------------
@@ -151,6 +155,22 @@ def deep_summary(name: str, depth: int, brackets: str = "[]") -> str:
 def test_a_summary_nested_past_any_record_is_damaged_not_a_recursion_error(depth, brackets):
     with pytest.raises(RecordError, match=f"nested deeper than {MAX_RECORD_DEPTH} levels"):
         read_summary_text(deep_summary("s", depth, brackets), "s")
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"name": "cut", "dataset": "digits-', "not JSON"),
+    ("[]", "a JSON list, not a mapping"),
+    (json.dumps(summary("other")), "it is the record of sweep 'other', not of 's'"),
+    (json.dumps({**summary("s"), "schema_version": 99}), "schema version 99, newer than this raybench"),
+    (json.dumps({**summary("s"), "schema_version": "1"}), "'schema_version' is not a whole number"),
+])
+def test_every_damage_of_a_summary_is_one_damaged_record_whoever_reads_it(text, why):
+    """One reader and one exception: a RecordError to the readers of records under --storage (a resume, a
+    benchmark), a TrackingError to the commands that read the store, its words the damage alone."""
+    with pytest.raises(DamagedRecord) as caught:
+        read_summary_text(text, "s")
+    assert isinstance(caught.value, RecordError) and isinstance(caught.value, TrackingError)
+    assert why in str(caught.value) and str(caught.value) == caught.value.damage
 
 
 def test_a_summary_as_deep_as_a_record_may_be_is_read():
@@ -259,13 +279,13 @@ def test_a_single_replicate_std_of_nan_is_a_result():
 def active_parents(uri: str, name: str) -> list:
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
-    return tracking.runs_tagged(client, experiment.experiment_id, {SWEEP_TAG: name, "stage": "sweep"})
+    return store_client.runs_tagged(client, experiment.experiment_id, {SWEEP_TAG: name, "stage": "sweep"})
 
 
 def children_of(uri: str, parent: str) -> list:
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
-    return tracking.runs_tagged(client, experiment.experiment_id, {tracking.PARENT_TAG: parent})
+    return store_client.runs_tagged(client, experiment.experiment_id, {tracking.PARENT_TAG: parent})
 
 
 def test_a_parent_records_its_storage_and_a_driver_of_another_is_refused(store_uri, tmp_path):
@@ -329,7 +349,7 @@ def test_a_driver_of_another_storage_is_refused_before_any_run(resume, store_uri
                                                                monkeypatch, capsys):
     """Through the command line: the sweep's parent names storage A; a driver on storage B (a new sweep, or a
     --resume of B's own folders of that name) is one line naming A, exit 2, and the store is as it was."""
-    from conftest import fail_on_reaching
+    from helpers.cli import fail_on_reaching
 
     monkeypatch.setenv("RAYBENCH_DATA_DIR", str(shared_data_dir))
     fail_on_reaching(monkeypatch, (runner.RaySession, "start"))
@@ -354,7 +374,7 @@ def test_a_driver_that_finds_its_new_sweep_started_meanwhile_is_refused_before_a
         store_uri, tmp_path, shared_data_dir, monkeypatch, capsys):
     """Through the runner: this driver saw no parent of `s` (a new sweep); while its Ray started, another driver
     of another storage created one. This driver neither takes it over nor makes a second: one line, exit 2."""
-    from conftest import fail_on_reaching
+    from helpers.cli import fail_on_reaching
 
     monkeypatch.setenv("RAYBENCH_DATA_DIR", str(shared_data_dir))
     other: list[str] = []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import cli, on_head, run_cli
+from helpers.cli import cli, on_head, run_cli
 from mlflow.tracking import MlflowClient
 
 from raybench.records import TrialRecord
@@ -287,7 +287,8 @@ def test_an_address_that_accepts_connections_but_is_not_ray_is_one_line_within_t
     import threading
     import time as clock
 
-    from raybench.sweep.ray_backend import ClusterError, probe_address
+    from raybench.sweep.errors import ClusterError
+    from raybench.sweep.ray_cluster import probe_address
 
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]

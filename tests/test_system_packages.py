@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SYSTEM_PACKAGES_SCRIPT, require_system_package, system_packages
+from helpers.paths import REPO
+from helpers.system_packages import SYSTEM_PACKAGES_SCRIPT, require_system_package, system_packages
 
 # A stand-in dpkg-query: "installed" for every package except those named in $FAKE_MISSING.
 DPKG_QUERY = """#!/bin/sh

@@ -24,7 +24,7 @@ def test_a_tests_fixtures_put_it_in_its_tier():
 
 
 def test_every_module_that_starts_a_ray_of_its_own_is_in_the_e2e_tier():
-    starts_ray = re.compile(r"\bray\.init\(|start_shared_cluster\(|ray_backend\.connect\(")
+    starts_ray = re.compile(r"\bray\.init\(|start_shared_cluster\(|ray_(backend|cluster)\.connect\(")
     own = sorted(path.stem for path in TESTS.glob("test_*.py")
                  if path.name != Path(__file__).name and starts_ray.search(path.read_text(encoding="utf-8")))
     assert [name for name in own if name not in tiers.E2E_MODULES] == []

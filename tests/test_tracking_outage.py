@@ -22,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clusters import BLOCK, LocalHead, port_is_free
-from conftest import BIN, on_head, seeded_store, start_mlflow_server, stop_mlflow_server
+from helpers.cli import on_head
+from helpers.mlflow_stores import seeded_store, start_mlflow_server, stop_mlflow_server
+from helpers.paths import BIN
 from mlflow.tracking import MlflowClient
 
 NAME = "outage"
@@ -61,7 +63,7 @@ class Sweep:
                                          start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
 
     def completed(self) -> dict[str, dict]:
-        """Every run's completed record (ray_backend.CompletedRuns: <stage dir>/completed/<run key>.json) by key."""
+        """Every run's completed record (ray_trial.CompletedRuns: <stage dir>/completed/<run key>.json) by key."""
         return {path.stem: json.loads(path.read_text()) for path in self.storage.glob(f"{NAME}-*/completed/*.json")}
 
     def said(self, words: str) -> bool:
@@ -138,7 +140,7 @@ def assert_every_run_and_epoch_once(uri: str, records: dict[str, dict]) -> None:
         key, epochs = run.data.tags["raybench.key"], list(range(EPOCHS))
         assert run.info.status == "FINISHED", (key, run.info.status)
         assert int(records[key]["epochs_done"]) == EPOCHS, records[key]
-        for metric in ("epoch", "val/acc", "train/loss/total"):
+        for metric in ("epoch", "ood_val/acc", "train/loss/total"):
             steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, metric))
             assert steps == epochs, f"{key} {metric}: steps {steps}, epochs run {epochs}"
 

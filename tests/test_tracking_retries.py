@@ -10,7 +10,9 @@ from mlflow.tracking import MlflowClient
 
 from raybench import tracking
 from raybench.report.results import tracking_line
-from raybench.tracking import CountedClient, TrackingStats
+from raybench.tracking import TrackingStats
+from raybench.tracking import client as store_client
+from raybench.tracking.client import CountedClient
 
 
 class FlakyStore:
@@ -35,7 +37,7 @@ class FlakyStore:
 @pytest.fixture
 def stats(monkeypatch):
     fresh = TrackingStats()
-    monkeypatch.setattr(tracking, "PROCESS_STATS", fresh)
+    monkeypatch.setattr(store_client, "PROCESS_STATS", fresh)
     monkeypatch.setattr(CountedClient, "BACKOFF_S", 0.0)
     return fresh
 
@@ -65,7 +67,7 @@ def test_a_store_that_stays_locked_fails_after_the_retries(stats):
     store = FlakyStore(99, MlflowException("database is locked"))
     with pytest.raises(MlflowException):
         CountedClient(store).log_batch("run")
-    assert len(store.calls) == tracking.RETRIES + 1 and (stats.retried, stats.failed) == (tracking.RETRIES, 1)
+    assert len(store.calls) == store_client.RETRIES + 1 and (stats.retried, stats.failed) == (store_client.RETRIES, 1)
 
 
 def test_a_sweep_tracker_counts_what_it_asks_of_a_real_store(stats, tmp_path):
@@ -79,7 +81,7 @@ def test_a_sweep_tracker_counts_what_it_asks_of_a_real_store(stats, tmp_path):
     assert used.calls >= 6 and used.seconds > 0 and used.failed == used.retried == 0
     found = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").get_run(run)
     assert found.data.tags["raybench.nodes"] == "head" and found.data.tags["raybench.stopped_early"] == "after epoch 0"
-    assert found.data.metrics == {"val/acc": 0.5} and found.info.status == "FINISHED"
+    assert found.data.metrics == {"ood_val/acc": 0.5} and found.info.status == "FINISHED"  # MLflow's name
     line = tracking_line(used.as_dict(), wall_s=used.seconds * 10, runs=1)
     assert line.startswith(f"Tracking: {used.calls} calls ({used.calls:.1f} a run), ") and "(10.0% of the wall time)" in line
 
@@ -94,12 +96,12 @@ LOST = MlflowException("API request to http://127.0.0.1:5000/api/2.0/mlflow/runs
 
 @pytest.fixture
 def no_waits(stats, monkeypatch):
-    monkeypatch.setattr(tracking, "OUTAGE_BACKOFF_S", 0.0)
+    monkeypatch.setattr(store_client, "OUTAGE_BACKOFF_S", 0.0)
     return stats
 
 
 def test_the_outage_budget_covers_minutes_and_looks_again_within_seconds():
-    assert tracking.OUTAGE_S >= 60 and tracking.OUTAGE_BACKOFF_MAX_S <= 10
+    assert store_client.OUTAGE_S >= 60 and store_client.OUTAGE_BACKOFF_MAX_S <= 10
 
 
 def test_a_background_create_run_whose_connection_was_refused_is_sent_again(no_waits):
@@ -126,7 +128,7 @@ def test_the_sweeps_own_calls_leave_a_refused_create_run_to_mlflow(no_waits):
 
 
 def test_a_refusal_past_the_outage_budget_fails_the_call(no_waits, monkeypatch):
-    monkeypatch.setattr(tracking, "OUTAGE_S", 0.0)
+    monkeypatch.setattr(store_client, "OUTAGE_S", 0.0)
     store = FlakyStore(99, REFUSED)
     with pytest.raises(MlflowException, match="Connection refused"):
         CountedClient(store, background=True).create_run("experiment")
@@ -142,7 +144,7 @@ def test_a_background_call_after_an_idle_spell_waits_until_the_server_takes_conn
         looked.append(address)
         return next(answers)
 
-    monkeypatch.setattr(tracking, "refuses_connections", refuses)
+    monkeypatch.setattr(store_client, "refuses_connections", refuses)
     store = FlakyStore(0, REFUSED)
     client = CountedClient(store, background=True, uri="http://127.0.0.1:5000")
     assert client.log_batch("run") == "log_batch" and store.calls == ["log_batch"]
@@ -155,15 +157,15 @@ def test_refuses_connections_tells_a_listening_port_from_a_closed_one():
 
     with socket.create_server(("127.0.0.1", 0)) as server:
         address = server.getsockname()
-        assert not tracking.refuses_connections(address)
-    assert tracking.refuses_connections(address)
+        assert not store_client.refuses_connections(address)
+    assert store_client.refuses_connections(address)
 
 
 def test_a_server_behind_a_proxy_is_never_probed_directly(monkeypatch):
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    assert tracking.server_address("http://mlflow.example:5000") is None
+    assert store_client.server_address("http://mlflow.example:5000") is None
     monkeypatch.setenv("NO_PROXY", "mlflow.example")
-    assert tracking.server_address("http://mlflow.example:5000") == ("mlflow.example", 5000)
-    assert tracking.server_address("sqlite:///mlflow.db") is None
+    assert store_client.server_address("http://mlflow.example:5000") == ("mlflow.example", 5000)
+    assert store_client.server_address("sqlite:///mlflow.db") is None

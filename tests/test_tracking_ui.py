@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from raybench.tracking import (
-    DESCRIPTION_LIMIT,
-    DESCRIPTION_TAG,
-    EXPERIMENT_KIND_TAG,
-    MODEL_TRAINING_KIND,
-    SweepTracker,
-    run_description,
-)
+from raybench.tracking import SweepTracker
+from raybench.tracking.names import DESCRIPTION_TAG, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
+from raybench.tracking.sweep_writer import DESCRIPTION_LIMIT, run_description
 
 
 def test_a_new_experiment_is_a_model_training_one_and_an_old_one_is_marked(tmp_path):
@@ -46,7 +41,7 @@ def test_a_long_summary_is_cut_at_a_line_end_under_mlflows_limit():
 
 
 def test_run_names_show_the_searched_values_or_the_seed_and_stay_short():
-    from raybench.sweep.ray_backend import MAX_RUN_NAME, readable_run_name
+    from raybench.sweep.ray_callbacks import MAX_RUN_NAME, readable_run_name
 
     assert readable_run_name("search", "04b9f3575751", {"lr": 0.0019583, "unlabeled_ratio": 7}, 0) == \
         "search 04b9f357: lr=0.00196, unlabeled_ratio=7"

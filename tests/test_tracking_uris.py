@@ -1,7 +1,7 @@
 """Tracking URIs no store can be opened with, and stores that answer but are no MLflow store or are full: each is
 one line (exit 2; a full disk exit 74) before anything is written, with no credential in it, never a traceback.
 
-The URI is judged from its text first (raybench.tracking.uri_problem: scheme, host, port, SQLite's slashes, the
+The URI is judged from its text first (raybench.tracking.store.uri_problem: scheme, host, port, SQLite's slashes, the
 database driver installed), then by what the store answers on first contact (check_reachable, first_contact).
 """
 from __future__ import annotations
@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from helpers.cli import cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raybench import tracking
 from raybench.paths import StorageFull
-from raybench.tracking import SweepTracker, TrackingError, check_reachable, redact_uri
+from raybench.tracking import SweepTracker, TrackingError, check_reachable, reading, redact_uri, store
 
 SECRET = "s3cr3t-pw"
 
@@ -153,7 +153,7 @@ def tracking_uris(draw: Callable) -> str:
 def test_a_generated_tracking_uri_is_refused_in_one_line_or_opened(uri, capsys, monkeypatch):
     """`results` on a store that holds no sweep is refused whatever the URI: by its text, by what answers at it,
     or because no sweep (no store) is there. Always one line, exit 2, nothing written, no credential."""
-    monkeypatch.setattr(tracking, "check_reachable", _quick(tracking.check_reachable))
+    monkeypatch.setattr(reading, "check_reachable", _quick(check_reachable))  # where `results` looks it up
     line = refused_in_one_line(cli(["results", "x", "--tracking-uri", uri], capsys))
     assert line.startswith("raybench: error: results: "), line
     assert [path.name for path in Path().iterdir()] == [], uri
@@ -168,7 +168,7 @@ def _quick(check: Callable[..., None]) -> Callable[..., None]:
 @given(uri=tracking_uris())
 def test_redaction_never_shows_the_password_and_never_raises(uri):
     assert SECRET not in redact_uri(uri), uri
-    assert SECRET not in tracking._scrubbed(f"an error about {uri}", uri)
+    assert SECRET not in store.scrubbed(f"an error about {uri}", uri)
 
 
 # ----- servers that answer, but are no MLflow -----------------------------------------------------------------
@@ -250,7 +250,7 @@ def test_a_server_that_fails_after_the_check_is_still_one_line(capsys):
 
 def test_a_store_mlflow_cannot_open_is_one_line_on_first_contact(store_uri, capsys):
     """A SQLite store of another MLflow's schema: MLflow refuses it when the client first opens it."""
-    with contextlib.closing(sqlite3.connect(tracking.sqlite_path(store_uri))) as db:
+    with contextlib.closing(sqlite3.connect(store.sqlite_path(store_uri))) as db:
         db.execute("UPDATE alembic_version SET version_num = '0123456789ab'")
         db.commit()
     line = refused_in_one_line(cli(["results", "x", "--tracking-uri", store_uri], capsys))

@@ -8,7 +8,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from raybench import tracking
-from raybench.tracking import RunWrite, SweepTracker, TrackingError, TrialRunWriter, WriteKind, read_journal
+from raybench.tracking import RunWrite, SweepTracker, TrackingError, TrialRunWriter, WriteKind, mlflow_metric_name
+from raybench.tracking import client as store_client
+from raybench.tracking.trial_writer import read_journal
 
 KEY = "t0001-seed0"
 
@@ -16,7 +18,7 @@ KEY = "t0001-seed0"
 @pytest.fixture
 def sweep(tmp_path, monkeypatch):
     """A sweep's parent run in a fresh SQLite store, its stage journal's path, and no writer left behind."""
-    monkeypatch.setattr(tracking, "PROCESS_STATS", tracking.TrackingStats())
+    monkeypatch.setattr(store_client, "PROCESS_STATS", tracking.TrackingStats())
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = SweepTracker(uri)
     tracker.start_sweep("writer", params={}, tags={})
@@ -39,7 +41,8 @@ def runs_of(uri: str, parent: str) -> list:
         f"tags.`mlflow.parentRunId` = '{parent}'")
 
 
-def history(uri: str, run_id: str, metric: str = "val/acc") -> list[tuple[int, float]]:
+def history(uri: str, run_id: str, metric: str = "ood_val/acc") -> list[tuple[int, float]]:
+    """`metric`'s history as MLflow holds it: under its MLflow name (raybench's `val/acc` is `ood_val/acc`)."""
     return sorted((m.step, m.value) for m in MlflowClient(tracking_uri=uri).get_metric_history(run_id, metric))
 
 
@@ -65,7 +68,8 @@ def test_submit_returns_while_the_store_is_busy_and_drain_waits_for_every_write(
     assert history(uri, run.info.run_id) == [(0, 0.5), (1, 0.6)] and run.info.status == "FINISHED"
     assert run.data.tags["raybench.key"] == KEY and run.data.tags["raybench.stopped_early"] == "no"
     assert run.data.metrics["time/wall_s"] == 3.0 and run.data.params == {"lr": "0.1"}
-    assert tracking.PROCESS_STATS.background_seconds > 0 and tracking.PROCESS_STATS.seconds > 0  # drain waited
+    stats = store_client.PROCESS_STATS
+    assert stats.background_seconds > 0 and stats.seconds > 0  # drain waited
 
 
 def test_a_fresh_sweep_creates_its_runs_without_looking_them_up_and_reuses_a_repeated_key(sweep, monkeypatch):
@@ -93,7 +97,7 @@ def test_a_killed_drivers_unsent_writes_are_sent_on_resume_and_none_twice(sweep,
     log_batch, sent = first.tracker.client.log_batch, []
 
     def refuses_the_second_epoch(run_id, metrics=(), **kwargs):
-        if any(m.key == "val/acc" and m.step == 1 for m in metrics):
+        if any(m.key == "ood_val/acc" and m.step == 1 for m in metrics):
             raise RuntimeError("the store went away")
         sent.append([m.step for m in metrics])
         return log_batch(run_id, metrics=metrics, **kwargs)
@@ -145,7 +149,7 @@ def trainer_reports(tiny_dataset) -> list[dict[str, float]]:
 @pytest.fixture
 def seeded_sweep(store_uri, tmp_path, monkeypatch):
     """As `sweep`, in a copy of the session's migrated empty store (no migrations to wait for)."""
-    monkeypatch.setattr(tracking, "PROCESS_STATS", tracking.TrackingStats())
+    monkeypatch.setattr(store_client, "PROCESS_STATS", tracking.TrackingStats())
     parent = SweepTracker(store_uri).start_sweep("writer", params={}, tags={})
     yield store_uri, parent, tmp_path / "runs" / "writer-search" / tracking.TRIAL_JOURNAL
     TrialRunWriter.close_all()
@@ -166,11 +170,30 @@ def test_every_number_of_every_reported_epoch_reaches_the_store(seeded_sweep, tr
     [run] = runs_of(uri, parent)
     client = MlflowClient(tracking_uri=uri)
     keys = {key for report in trainer_reports for key in report}
-    stored = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)) for key in keys}
+    stored = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+              for key, name in ((key, mlflow_metric_name(key)) for key in keys)}  # each under its MLflow name
     expected = {key: sorted((epoch, report[key]) for epoch, report in enumerate(trainer_reports) if key in report)
                 for key in keys}
     assert stored == expected, [key for key in keys if stored[key] != expected[key]]
-    assert set(run.data.metrics) == keys, "the store holds a key no epoch reported"
+    assert set(run.data.metrics) == {mlflow_metric_name(key) for key in keys}, "the store holds a key no epoch reported"
+
+
+def test_the_store_shows_the_ood_splits_spelled_out_and_the_id_splits_as_they_are(seeded_sweep, trainer_reports):
+    """What a real trainer reported, as the trial-run writer leaves it in a real SQLite store: `val/acc` as
+    `ood_val/acc`, `best/test/acc` as `best/ood_test/acc`, `id_val/acc` as it is, and no bare OOD split left."""
+    uri, parent, journal = seeded_sweep
+    writer = TrialRunWriter.for_stage(uri, parent, journal, resuming=False)
+    writer.submit(RunWrite(WriteKind.OPEN, KEY, run_name=f"search {KEY}", params={"lr": 0.1}, tags={"stage": "search"}))
+    writer.submit(RunWrite(WriteKind.EPOCH, KEY, metrics=trainer_reports[-1], step=0, timestamp_ms=1_000))
+    writer.submit(RunWrite(WriteKind.END, KEY, step=0, status="FINISHED"))
+    writer.drain()
+    [run] = runs_of(uri, parent)
+    names = set(run.data.metrics)
+    assert {"ood_val/acc", "ood_test/acc", "id_val/acc", "id_test/acc", "best/ood_val/acc", "best/ood_test/acc",
+            "best/id_test/acc"} <= names, sorted(names)
+    assert run.data.metrics["ood_val/acc"] == trainer_reports[-1]["val/acc"]
+    assert not [name for name in names if name.split("/")[0] in ("val", "test") or name.startswith(("best/val/",
+                                                                                                 "best/test/"))]
 
 
 def test_a_journal_line_cut_short_by_a_kill_is_dropped(tmp_path):
@@ -186,10 +209,10 @@ def test_a_callback_tune_restores_resumes_and_shares_the_stages_writer(sweep):
     import pickle
     from types import SimpleNamespace
 
-    from raybench.sweep.ray_backend import TrackingCallback
+    from raybench.sweep.ray_callbacks import TrackingCallback
 
     uri, parent, journal = sweep
-    original = TrackingCallback(SimpleNamespace(uri=uri, parent_id=parent), space=None, stage="search", tags={},
+    original = TrackingCallback(SimpleNamespace(uri=uri, parent_id=parent, experiment_name="raybench"), space=None, stage="search", tags={},
                                 records=None, journal=journal, resuming=False)
     restored = pickle.loads(pickle.dumps(original))
     assert not original.resuming and restored.resuming and restored.journal == journal

@@ -6,17 +6,18 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import ray.train
+from helpers.processes import stop_processes_under
 from ray.train.v2._internal.callbacks.backend_setup import BackendSetupCallback
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from raybench.sweep.ray_backend import DEFAULT_TRAIN_PATH
+from raybench.sweep.ray_search import DEFAULT_TRAIN_PATH
 from raybench.sweep.ray_trial import ShapedDataParallelTrainer, ShapedTorchTrainer, TrainPath
-from tests.conftest import stop_processes_under
 
 
 def _loop(config: dict) -> None:
@@ -77,6 +78,7 @@ def _relayed(config: dict) -> None:
     relay = ReportRelay()
     error = RuntimeError("the run failed after its reports") if config["fail"] else None
     assert relay.fit(InstantRun(relay.queue, 3, error)) == "result"
+    assert relay.last == {"epoch": 2}, relay.last  # what the run's record keeps: the last report Tune was sent
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +111,43 @@ def test_every_report_of_a_run_reaches_tune_before_its_trial_ends(ray_here, tmp_
     assert finished.error is None and list(finished.metrics_dataframe["epoch"]) == [0, 1, 2]
     assert "the run failed after its reports" in str(failed.error)
     assert list(failed.metrics_dataframe["epoch"]) == [0, 1, 2]  # reports before a failure still count
+
+
+class OneEpoch:
+    """The fields of a trainer's EpochReport that a function trial's reporter reads."""
+
+    def __init__(self, epoch: int) -> None:
+        self.metrics = {"epoch": epoch, "epochs_since_best": 0, "val/acc": 0.5 + epoch / 10}
+        self.best_metrics = {"val/acc": 0.5 + epoch / 10}
+
+    def write_checkpoint(self, directory: Path) -> None:
+        (directory / "state.txt").write_text(str(self.metrics["epoch"]))
+
+
+def _reported_twice(config: dict) -> None:
+    import json
+
+    from raybench.sweep.ray_trial import TuneReporter
+
+    reporter = TuneReporter()
+    for epoch in range(2):
+        reporter.on_epoch_end(OneEpoch(epoch))
+    Path(config["out"]).write_text(json.dumps(reporter.recorded()))
+
+
+def test_a_function_trials_record_names_the_checkpoint_tune_persisted(ray_here, tmp_path):
+    """A function trial's record is the one source of its TrialRecord, its checkpoint's path included: the path
+    Tune persisted the last report's checkpoint at, as a Train run's record names Train's."""
+    import json
+
+    from ray import tune
+
+    from raybench.sweep.ray_worker import CHECKPOINT_PATH_KEY, EPOCHS_DONE
+
+    out = tmp_path / "recorded.json"
+    (result,) = tune.Tuner(_reported_twice, param_space={"out": str(out)},
+                           run_config=tune.RunConfig(storage_path=str(tmp_path), name="persisted", verbose=0)).fit()
+    assert result.error is None, result.error
+    recorded = json.loads(out.read_text())
+    assert recorded[CHECKPOINT_PATH_KEY] == result.checkpoint.path and recorded[EPOCHS_DONE] == 2
+    assert (Path(recorded[CHECKPOINT_PATH_KEY]) / "state.txt").read_text() == "1"  # the last epoch's, persisted

@@ -162,7 +162,7 @@ def test_bad_selection_metric_is_named(tiny_dataset):
 
 def _ddp_worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
-    from conftest import make_tiny_dataset
+    from helpers.datasets import make_tiny_dataset
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

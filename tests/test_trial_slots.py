@@ -1,4 +1,4 @@
-"""A benchmark's trial queue at --address (raybench/sweep/trial_slots.py, ray_backend.QueuedSearch): slot files on
+"""A benchmark's trial queue at --address (raybench/sweep/trial_slots.py, ray_search.QueuedSearch): slot files on
 the benchmark's host, each held by one trial of one of its sweeps; Tune gets a new trial only for a free slot.
 The benchmark end to end, on the session's head: test_benchmark.py::test_a_benchmarks_sweeps_share_one_trial_queue."""
 from __future__ import annotations
@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BIN, cli, on_head
+from helpers.cli import cli, on_head
+from helpers.paths import BIN
 from ray import cloudpickle, tune
 from ray.tune.execution.tune_controller import _get_max_pending_trials
 from ray.tune.experiment import Experiment
 from ray.tune.search import BasicVariantGenerator
 
-from raybench.sweep.ray_backend import (
+from raybench.sweep.ray_search import (
     QueuedSearch,
     RunSpec,
     _search_algorithm,

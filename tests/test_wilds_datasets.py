@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, stop_processes_under
+from helpers.paths import REPO
+from helpers.processes import stop_processes_under
 
 from raybench.data import load_dataset
 from raybench.data.wilds.adapter import SPECS
@@ -168,7 +169,7 @@ def local_ray(sweep_root):
     """One private local Ray for the eight sweeps (each sweep joins it instead of starting its own)."""
     import ray
 
-    from raybench.sweep.ray_backend import DRIVER_RESOURCE
+    from raybench.sweep.ray_cluster import DRIVER_RESOURCE
 
     ray_tmp = tempfile.mkdtemp(prefix="rbt-wilds-", dir="/tmp")
     env = {"RAYBENCH_WILDS_ROOT": str(sweep_root), "RAY_TMPDIR": ray_tmp, "HF_HUB_OFFLINE": "1",

@@ -1,18 +1,21 @@
 """Every closed word list is declared once, in raybench.words, and read everywhere else: a copy written into
-another module (a parser's choices, a file check, a registry) is found here, by reading the source's literals."""
+another module (a parser's choices, a file check, a registry) is found here, by reading the source's literals.
+The output formats are the one list declared elsewhere, by their registry (raybench.report.renderers.FORMATS: a
+class per format), and no module writes their names out either."""
 from __future__ import annotations
 
+import argparse
 import ast
 from pathlib import Path
 
 import pytest
 
 from raybench import words
+from raybench.report.renderers import FORMATS
 
 PACKAGE = Path(words.__file__).resolve().parent
 LISTS = {"executors": words.EXECUTORS, "samplers": words.SAMPLERS, "schedulers": words.SCHEDULERS,
-         "selection rules": tuple(words.SELECTION_RULES), "result formats": words.RESULT_FORMATS,
-         "compare formats": tuple(words.COMPARE_FORMATS)}
+         "selection rules": tuple(words.SELECTION_RULES), "formats": tuple(FORMATS.names())}
 
 
 def constant(node: ast.AST | None) -> bool:
@@ -21,8 +24,8 @@ def constant(node: ast.AST | None) -> bool:
 
 def literal_word_sets(tree: ast.AST) -> list[tuple[int, frozenset[str]]]:
     """(line, words) of every tuple, list or set of two or more strings, and of every dict with such string keys
-    and constant values (a word table). A dict from the words to code (the samplers' factories, the formats'
-    renderers) is the registry that implements them, checked against the declared words below."""
+    and constant values (a word table). A dict from the words to code (the samplers' factories) is the registry
+    that implements them, checked against the declared words below."""
     found = []
     for node in ast.walk(tree):
         items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else \
@@ -38,17 +41,26 @@ def test_a_word_list_is_written_out_only_in_raybench_words(name):
     copies = [f"{path.relative_to(PACKAGE.parent)}:{line}"
               for path in sorted(PACKAGE.rglob("*.py")) if path.name != "words.py"
               for line, found in literal_word_sets(ast.parse(path.read_text(encoding="utf-8"))) if found == wanted]
-    assert copies == [], f"the {name} are written out again at {copies}; read raybench.words instead"
+    assert copies == [], (f"the {name} are written out again at {copies}; read raybench.words (the formats: "
+                          f"raybench.report.renderers.FORMATS) instead")
+
+
+def flag_choices(command: str, flag: str) -> tuple[str, ...]:
+    """The words `raybench COMMAND FLAG` accepts, read off the command line's own parser."""
+    from raybench.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return tuple(next(a.choices for a in commands.choices[command]._actions if flag in a.option_strings))
 
 
 def test_the_registries_and_flags_are_built_from_the_declared_words():
-    from raybench.report import compare
     from raybench.report.stats import RULES
     from raybench.sweep import options, sampling
     from raybench.sweep.selection import SELECTIONS
 
     assert tuple(sampling.SAMPLERS) == words.SAMPLERS
-    assert tuple(compare.RENDERERS) == tuple(words.COMPARE_FORMATS)
+    assert flag_choices("results", "--format") == flag_choices("compare", "--format") == tuple(FORMATS.names())
+    assert not any(name.endswith("FORMATS") for name in vars(words))  # the registry is their one definition
     assert sorted(SELECTIONS.names()) == sorted(words.SELECTION_RULES)
     assert tuple(str(rule) for rule in RULES) == tuple(words.SELECTION_RULES)
     choices = {field.name: flag.choices for field, flag in options.flagged()}

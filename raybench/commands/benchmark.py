@@ -38,6 +38,9 @@ from typing import IO, Any
 
 from raybench.paths import inside, name_problem, writable_dir_problem, write_atomically, write_text_atomically
 from raybench.records import PairState, RecordError, SweepState, SweepSummary
+from raybench.registry import UnknownNameError
+from raybench.report import renderers
+from raybench.report.document import Column, Document, Heading, Lines, RowGroup, Table, Text
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.converge import ConvergeRule, Counted, counting_attempt
 from raybench.sweep.errors import OptionError, SweepExists
@@ -45,7 +48,6 @@ from raybench.sweep.options import SweepOptions, command_words, setting_word
 from raybench.sweep.progress import LiveBoard, Row, duration, live_board
 from raybench.sweep.progress import say as say_shown
 from raybench.sweep.trial_slots import lock_problem, make_slots
-from raybench.words import COMPARE_FORMATS
 
 STATE_FILE = "benchmark.json"
 TRIAL_SLOT = "raybench_slot"  # the custom resource of the benchmark's trial queue (the module docstring says how)
@@ -72,6 +74,11 @@ class BenchmarkOptions:
     force: bool = False  # with resume: go on under a benchmark file that changed since the benchmark started
     spaces: tuple[str, ...] = ()  # the user's --spaces folders (absolute): each pair's sweep looks names up there too
     converge: ConvergeRule | None = None  # --converge / --converge-attempts; None: the file's `converge:`, if any
+    # The formats the comparison is written in (raybench.report.renderers.FORMATS); empty: every registered one
+    compare_formats: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        comparison_formats(self.compare_formats)  # an unknown one is refused before any pair runs
 
 
 def convergence(benchmark: Benchmark, options: BenchmarkOptions) -> ConvergeRule | None:
@@ -689,16 +696,22 @@ def benchmark_params(benchmark: Benchmark) -> dict[str, Any]:
 
 
 def _summary_markdown(benchmark: Benchmark, records: dict[str, PairRecord]) -> str:
-    """The pairs' table; under the convergence rule with the attempt that counts for each and its epochs scale."""
+    """The pairs' table in Markdown (the parent run's description)."""
+    return renderers.render(summary_document(benchmark, records), "markdown")
+
+
+def summary_document(benchmark: Benchmark, records: dict[str, PairRecord]) -> Document:
+    """The benchmark's name and description over the pairs' table: each pair's sweep, status and reason, the
+    pairs the file rules out as `not run`; under the convergence rule with the attempt that counts for each and its
+    epochs scale."""
     ruled = any(r.counted for r in records.values())
-    extra = (" attempt that counts | epochs scale |", "---|---|") if ruled else ("", "")
-    lines = [f"# Benchmark {benchmark.name}", "", benchmark.description, "",
-             f"| pair | sweep | status | reason |{extra[0]}", f"|---|---|---|---|{extra[1]}"]
-    for r in records.values():
-        counted = f" {r.counted} | x{r.epochs_scale:g} |" if ruled else ""
-        lines.append(f"| {r.method} on {r.dataset} | {r.sweep} | {r.status} | {r.reason} |{counted}")
-    lines += [f"| {r.method} on {r.dataset} | | not run | {r.reason} |{' | |' if ruled else ''}" for r in benchmark.refused]
-    return "\n".join(lines)
+    titles = ("pair", "sweep", "status", "reason", *(("attempt that counts", "epochs scale") if ruled else ()))
+    rows = [(f"{r.method} on {r.dataset}", r.sweep, str(r.status), r.reason,
+             *((r.counted, f"x{r.epochs_scale:g}") if ruled else ())) for r in records.values()]
+    rows += [(f"{r.method} on {r.dataset}", "", "not run", r.reason, *(("", "") if ruled else ()))
+             for r in benchmark.refused]
+    table = Table("", tuple(Column(t) for t in titles), (RowGroup(tuple(tuple(Text(c) for c in row) for row in rows)),))
+    return Document((Heading(f"Benchmark {benchmark.name}"), Lines((benchmark.description, "")), table))
 
 
 def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: Any) -> Path | None:
@@ -716,13 +729,39 @@ def write_comparison(benchmark: Benchmark, options: BenchmarkOptions, tracker: A
                    "compare-stats": compare.from_records(records, None, StatsSettings())}  # `compare --stats`
     directory = bench_dir(options.storage, benchmark) / "compare"
     directory.mkdir(parents=True, exist_ok=True)
+    formats = comparison_formats(options.compare_formats)
     for stem, comparison in comparisons.items():
-        for fmt_name, suffix in COMPARE_FORMATS.items():
-            write_text_atomically(directory / f"{stem}.{suffix}", compare.render(comparison, fmt_name))
+        write_formats(compare.document(comparison), directory, stem, formats)
     plots.save(plots.comparison_figures(comparisons["compare"], "compare.png"), directory)
     copy_importance_charts(records, options.storage, directory)
     tracker.log_artifacts(directory, "compare")
     return directory
+
+
+def comparison_formats(asked: Sequence[str] = ()) -> list[renderers.Renderer]:
+    """The formats a benchmark writes its comparison in: those `asked`, else every registered one. An unknown one
+    is an OptionError naming it and the known ones; two whose files would share a suffix (one overwriting the
+    other) are refused too."""
+    try:
+        shown = [renderers.renderer(name) for name in (asked or renderers.FORMATS.names())]
+    except UnknownNameError as err:
+        raise OptionError(f"compare formats: {err}") from None
+    suffixes = [f.suffix for f in shown]
+    clash = sorted({s for s in suffixes if suffixes.count(s) > 1})
+    if clash:
+        raise OptionError(f"compare formats: more than one writes compare.{clash[0]}; each format needs a suffix of "
+                          f"its own")
+    return shown
+
+
+def write_formats(page: Document, directory: Path, stem: str, formats: Sequence[renderers.Renderer]) -> list[Path]:
+    """The document in each format, as `<stem>.<suffix>` in `directory`: every one of `formats`, none skipped."""
+    written = []
+    for shown in formats:
+        target = directory / f"{stem}.{shown.suffix}"
+        write_text_atomically(target, shown.render(page))
+        written.append(target)
+    return written
 
 
 def counted_name(storage: Path, pair: Pair, rule: ConvergeRule | None) -> str:
@@ -787,7 +826,9 @@ def outcome_text(outcome: Outcome) -> str:
     lines += [f"  {r.method} on {r.dataset} counts as sweep {r.counted} (epochs x{r.epochs_scale:g})"
               for r in outcome.records if r.counted]
     if outcome.compare_dir is not None:
-        lines += ["", (outcome.compare_dir / "compare.txt").read_text().rstrip(), "",
-                  f"comparison in every format: {outcome.compare_dir}"]
+        text = outcome.compare_dir / f"compare.{renderers.suffix('table')}"
+        lines += ["", text.read_text().rstrip()] if text.is_file() else []  # unless its formats left the text out
+        written = sorted(path.name for path in outcome.compare_dir.glob("compare.*"))
+        lines += ["", f"comparison in {', '.join(written)}: {outcome.compare_dir}"]
     return "\n".join(lines)
 

@@ -11,15 +11,13 @@ of the mean, each row's difference from the baseline row (ERM's) with its interv
 trial each selection rule would have picked from the search trials (what the protocol's selection costs) with
 Kendall's tau between the rules' rankings, and over several datasets each method's mean rank and IQM.
 
-Pure records and text: reading the store is raybench.tracking's, drawing is raybench.report.plots'.
+Pure records and one document of them (raybench.report.document), which every format of raybench.report.renderers
+writes: reading the store is raybench.tracking's, drawing is raybench.report.plots'.
 """
 from __future__ import annotations
 
-import io
-import json
 import math
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,9 @@ import pandas as pd
 
 from raybench.labels import SHIFT_SPLIT_LABELS, column_label, selection_label
 from raybench.records import Selection, SweepState, SweepSummary, TrialRecord, TrialStatus
-from raybench.report import stats
+from raybench.report import document as doc
+from raybench.report import renderers, stats
+from raybench.report.document import percent
 from raybench.report.importance import sweep_importances
 from raybench.report.results import fmt, split_labels
 from raybench.report.stats import (
@@ -44,9 +44,7 @@ from raybench.report.stats import (
 )
 from raybench.report_keys import BEST_PREFIX, KEPT_AT_BEST
 from raybench.sweep.outcome import BudgetSummary, RowHealth
-from raybench.words import COMPARE_FORMATS
 
-FORMATS = tuple(COMPARE_FORMATS)  # raybench.words declares them
 BEST, WITHIN = "best", "within one std"
 RANK_SPLIT = "test"  # the held-out test split: OOD test on a shift, the test split of a group benchmark
 # A row's budget is the protocol's when its steps, over what the WILDS rule gives its method, and its ERM budget
@@ -424,10 +422,29 @@ def _marked(rows: list[MethodRow], rank_key: str) -> list[MethodRow]:
     return marked
 
 
-# ----- rendering ---------------------------------------------------------------------------------
-def render(comparison: Comparison, fmt_name: str) -> str:
-    """The comparison in one of raybench.words' COMPARE_FORMATS (`RENDERERS`, defined below its renderers)."""
-    return RENDERERS[fmt_name](comparison)
+# ----- the document: what every format writes (raybench.report.renderers) ------------------------------------
+def render_comparison(comparison: Comparison, fmt_name: str) -> str:
+    """The comparison in the format registered as `fmt_name` (raybench.report.renderers.FORMATS)."""
+    return renderers.render(document(comparison), fmt_name)
+
+
+def document(comparison: Comparison) -> doc.Document:
+    """The comparison as one document: per dataset its results table (with statistics, then the differences, the
+    selection costs and the rankings), the aggregate over datasets, and what is not in the tables; its dataset is
+    one flat record per row (`records`) and the JSON tree around them."""
+    settings = comparison.stats
+    blocks: list[doc.Block] = []
+    for table in comparison.tables:
+        blocks.append(_results_table(table, settings))
+        blocks += _table_blocks(table, settings) if settings else []
+    if comparison.aggregate:
+        blocks.append(_aggregate_block(comparison))
+    if not comparison.tables:
+        blocks.append(doc.Lines(("No finished sweep matches.",)))
+    unfinished = _unfinished_lines(comparison)
+    if unfinished:
+        blocks.append(doc.Lines(tuple(unfinished)))
+    return doc.Document(tuple(blocks), doc.Dataset(tuple(records(comparison)), json_tree(comparison)))
 
 
 def _compute_text(seconds: float | None, unit: str) -> str:
@@ -441,25 +458,59 @@ def _counts(row: MethodRow) -> tuple[str, str]:
             f"{row.replicates_ok}/{row.replicates}")
 
 
-def _display_frame(table: DatasetTable, rows: list[MethodRow], mark: Any) -> pd.DataFrame:
-    """The human table's cells; `mark(text, mark)` dresses a marked cell in the format's emphasis."""
-    records = []
-    for row in rows:
-        trials, replicates = _counts(row)
-        record = {"method": row.method, "selection": row.selection_label + (" (BLIND)" if row.blind_everywhere else "")}
-        for column in table.columns:
-            cell = row.cells.get(column.key)
-            record[column.label] = mark(cell.text(), cell.mark) if cell else "n/a"
-        record.update({"trials": trials, "replicates": replicates, "budget": row.budget_text,
-                       "checks": "; ".join(row.health.flags()) or "ok"})
-        if any(r.pseudo_kept is not None for r in rows):
-            record["pseudo-labels kept"] = "n/a" if row.pseudo_kept is None else f"{100 * row.pseudo_kept:.1f} %"
-        if row.trial_seconds is not None:
-            compute = _compute_text(row.trial_seconds, "trial")
-            compute += f", {_compute_text(row.gpu_seconds, 'GPU')}" if row.gpu_seconds else ""
-            record["compute"] = compute
-        records.append(record)
-    return pd.DataFrame(records)
+ANALYSIS_HEADING = "Analysis only (selected on the test split itself, not a valid protocol; not ranked)"
+ANALYSIS_LABEL = "Oracle selection (analysis only)"
+
+
+def _results_table(table: DatasetTable, settings: StatsSettings | None) -> doc.Table:
+    """The dataset's Table 2: a row per method, its report cells (the essentials), trials, replicates, budget,
+    checks, pseudo-labels kept and compute; the analysis-only rows as a group of their own."""
+    pseudo = any(r.pseudo_kept is not None for r in table.rows)
+    compute = any(r.trial_seconds is not None for r in table.rows)
+    columns = (doc.Column("method"), doc.Column("selection", essential=False),
+               *(doc.Column(c.label) for c in table.columns),
+               *(doc.Column(title, essential=False) for title in ("trials", "replicates", "budget", "checks")),
+               *((doc.Column("pseudo-labels kept", essential=False),) if pseudo else ()),
+               *((doc.Column("compute", essential=False),) if compute else ()))
+    groups = [doc.RowGroup(_display_rows(table, table.ranked, pseudo, compute), empty="(no OOD-selected sweep)")]
+    if table.analysis_only:
+        groups.append(doc.RowGroup(_display_rows(table, table.analysis_only, pseudo, compute),
+                                   heading=ANALYSIS_HEADING, label=ANALYSIS_LABEL))
+    return doc.Table(_heading(table, settings), columns, tuple(groups), doc.TableKind.RESULTS,
+                     _legend(table, settings), tuple(_blind_lines(table) + _percentile_lines(table)),
+                     context="raybench compare")
+
+
+def _display_rows(table: DatasetTable, rows: list[MethodRow], pseudo: bool,
+                  compute: bool) -> tuple[tuple[doc.Cell, ...], ...]:
+    return tuple(_display_row(table, row, pseudo, compute) for row in rows)
+
+
+def _display_row(table: DatasetTable, row: MethodRow, pseudo: bool, compute: bool) -> tuple[doc.Cell, ...]:
+    """The row's cells: a report cell as its measure (marked, with its interval), n/a where the sweep has none."""
+    trials, replicates = _counts(row)
+    cells: list[doc.Cell] = [doc.Text(row.method),
+                             doc.Text(row.selection_label + (" (BLIND)" if row.blind_everywhere else ""))]
+    cells += [_measure(row.cells.get(column.key)) for column in table.columns]
+    cells += [doc.Text(trials), doc.Text(replicates), doc.Text(row.budget_text),
+              doc.Text("; ".join(row.health.flags()) or "ok")]
+    if pseudo:
+        cells.append(doc.Text("n/a" if row.pseudo_kept is None else f"{100 * row.pseudo_kept:.1f} %"))
+    if compute:
+        cells.append(doc.Missing() if row.trial_seconds is None else doc.Text(_compute_line(row)))
+    return tuple(cells)
+
+
+def _compute_line(row: MethodRow) -> str:
+    text = _compute_text(row.trial_seconds, "trial")
+    return text + (f", {_compute_text(row.gpu_seconds, 'GPU')}" if row.gpu_seconds else "")
+
+
+def _measure(cell: Cell | None) -> doc.Cell:
+    if cell is None:
+        return doc.Missing()
+    interval = (cell.interval.low, cell.interval.high) if cell.interval else None
+    return doc.Measure(cell.mean, cell.std, interval, doc.Mark(cell.mark))
 
 
 def _heading(table: DatasetTable, settings: StatsSettings | None = None) -> str:
@@ -474,11 +525,16 @@ def _interval_words(settings: StatsSettings) -> str:
     return f"{settings.confidence:.0%} {kind}"
 
 
-def _legend(table: DatasetTable, best: str, within: str, settings: StatsSettings | None = None) -> str:
-    marks = (f"{best} best {table.rank_label}; {within} within one std of it. " if settings is None else
-             f"In brackets: the {_interval_words(settings)} of the mean, none below {stats.MIN_REPLICATES} replicates. ")
-    return (f"{marks}Budget: a replicate's planned steps (batches), labeled passes, and steps over ERM's at the "
-            f"same epoch share. Compute: trial-seconds of the search and the replicates together.")
+COLUMN_WORDS = ("Budget: a replicate's planned steps (batches), labeled passes, and steps over ERM's at the same "
+                "epoch share. Compute: trial-seconds of the search and the replicates together.")
+
+
+def _legend(table: DatasetTable, settings: StatsSettings | None = None) -> doc.Legend:
+    if settings is None:
+        marks = ((doc.Mark.BEST, f"best {table.rank_label}"), (doc.Mark.WITHIN, "within one std of it"))
+        return doc.Legend(marks, details=COLUMN_WORDS)
+    return doc.Legend(reading=(f"In brackets: the {_interval_words(settings)} of the mean, none below "
+                               f"{stats.MIN_REPLICATES} replicates."), details=COLUMN_WORDS)
 
 
 def _blind_lines(table: DatasetTable) -> list[str]:
@@ -501,20 +557,7 @@ def _unfinished_lines(comparison: Comparison) -> list[str]:
     return lines
 
 
-# ----- the statistics' blocks, one frame each, shared by the table, Markdown and LaTeX -------------
-@dataclass(frozen=True)
-class Block:
-    """A titled table of plain text (no emphasis, no ±), with the lines that explain it."""
-
-    title: str
-    frame: pd.DataFrame
-    notes: list[str] = field(default_factory=list)
-
-
-def percent(value: float | None) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:.1f}"
-
-
+# ----- the statistics' detail tables: plain text, the same in every format -----------------------------------
 def points(value: float | None) -> str:
     """A difference of fractions in percentage points, signed: `+5.0`."""
     return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:+.1f}"
@@ -538,11 +581,11 @@ def tau_text(tau: float | None) -> str:
     return "n/a" if tau is None else f"{tau:+.2f}"
 
 
-def _difference_block(table: DatasetTable, settings: StatsSettings) -> Block:
+def _difference_block(table: DatasetTable, settings: StatsSettings) -> doc.Table:
     baseline = table.stats.baseline if table.stats else None
     if baseline is None:
-        return Block(f"No differences: no ranked row is named {settings.baseline_name!r} (--baseline NAME names the "
-                     f"row to test against)", pd.DataFrame())
+        return doc.detail_table(f"No differences: no ranked row is named {settings.baseline_name!r} (--baseline NAME "
+                                f"names the row to test against)", [], context=table.dataset)
     test = "Welch's t-test" if settings.test == stats.Significance.WELCH else "permutation test"
     kind = ("Welch t interval" if settings.test == stats.Significance.WELCH
             else "bootstrap interval (BCa; percentile where BCa is degenerate)")
@@ -554,20 +597,39 @@ def _difference_block(table: DatasetTable, settings: StatsSettings) -> Block:
         if row.method == baseline or versus is None:
             verdict = "(baseline)" if row.method == baseline else "n/a"
             records.append({"method": row.method, "difference (points)": "", "interval (points)": "", "p": "",
-                            "replicates": "", "verdict": verdict})
+                            "replicates": "", "verdict": verdict, **_plan_cells(settings, None)})
             continue
         records.append({"method": row.method, "difference (points)": points(versus.difference),
                         "interval (points)": interval_text(versus.interval, signed=True), "p": p_text(versus.p_value),
-                        "replicates": f"{versus.n} vs {versus.n_baseline}", "verdict": str(versus.verdict)})
+                        "replicates": f"{versus.n} vs {versus.n_baseline}", "verdict": str(versus.verdict),
+                        **_plan_cells(settings, versus)})
         notes += [f"{row.method}: {versus.note}."] if versus.note else []
-    return Block(title, pd.DataFrame(records), notes)
+        notes += _plan_notes(row.method, versus)
+    if settings.plan_seeds:
+        notes.append(f"Replicates needed: per side, for Welch's test at alpha {settings.alpha:g} to tell the row from "
+                     f"the baseline with power {settings.power:g}, taking the measured difference and stds as the "
+                     f"truth (a forecast from the replicates run so far)")
+    return doc.detail_table(title, records, notes, table.dataset)
+
+
+def _plan_cells(settings: StatsSettings, versus: Difference | None) -> dict[str, str]:
+    """The `replicates needed` column of --plan-seeds: a count, `out of reach`, or nothing for the baseline."""
+    if not settings.plan_seeds:
+        return {}
+    plan = versus.plan if versus else None
+    return {"replicates needed": "" if plan is None else str(plan.needed) if plan.needed else "out of reach"}
+
+
+def _plan_notes(method: str, versus: Difference) -> list[str]:
+    plan = versus.plan
+    return [f"{method}: {plan.text()}."] if plan is not None else []
 
 
 def _pick_text(choice: stats.Choice) -> str:
     return f"{percent(choice.test)} (#{choice.order})" if choice.made else "n/a"
 
 
-def _selection_block(table: DatasetTable) -> Block:
+def _selection_block(table: DatasetTable) -> doc.Table:
     assert table.stats is not None
     labels = table.stats.split_labels
     records = []
@@ -582,7 +644,7 @@ def _selection_block(table: DatasetTable) -> Block:
         records.append(record)
     title = (f"What selection costs: the {table.stats.selection_label} (%) of the search trial each rule picks "
              f"(#: the trial's order)")
-    return Block(title, pd.DataFrame(records), _selection_notes(table))
+    return doc.detail_table(title, records, _selection_notes(table), table.dataset)
 
 
 def _selection_notes(table: DatasetTable) -> list[str]:
@@ -598,7 +660,7 @@ def _selection_notes(table: DatasetTable) -> list[str]:
             *(f"Not available: {note}." for note in missing)]
 
 
-def _ranking_block(table: DatasetTable) -> Block:
+def _ranking_block(table: DatasetTable) -> doc.Table:
     assert table.stats is not None
     labels = table.stats.split_labels
     costs = {r.method: r.selection_cost for r in table.ranked if r.selection_cost}
@@ -614,27 +676,28 @@ def _ranking_block(table: DatasetTable) -> Block:
     taus = [f"Kendall's tau, {rule_label(a.first, labels)} vs {rule_label(a.second, labels)}: {tau_text(a.tau)} "
             f"({a.methods} methods{'; undefined below two, or with one ranking all tied' if a.tau is None else ''})"
             for a in table.stats.agreements]
-    return Block(f"Methods ranked under each selection rule by the {table.stats.selection_label} (%) of its pick, "
-                 f"best first", pd.DataFrame(records), [*taus, "(tau 1: the same order, -1: reversed)"])
+    return doc.detail_table(f"Methods ranked under each selection rule by the {table.stats.selection_label} (%) of "
+                            f"its pick, best first", records, [*taus, "(tau 1: the same order, -1: reversed)"],
+                            table.dataset)
 
 
-def _aggregate_block(comparison: Comparison) -> Block:
+def _aggregate_block(comparison: Comparison) -> doc.Table:
     columns = ", ".join(f"{t.dataset}: {t.rank_label}" for t in comparison.tables)
     records = [{"method": a.method, "datasets": f"{a.datasets}/{len(comparison.tables)}",
                 "mean rank": "n/a" if _number(a.mean_rank) is None else f"{a.mean_rank:.2f}", "IQM (0-1)": "n/a" if a.iqm is None else f"{a.iqm:.2f}",
                 "interval": "n/a" if a.interval is None else f"[{a.interval.low:.2f}, {a.interval.high:.2f}]",
                 "scores": str(a.scores)} for a in comparison.aggregate]
     confidence = comparison.stats.confidence if comparison.stats else stats.CONFIDENCE
-    return Block(f"Over {len(comparison.tables)} datasets ({columns})", pd.DataFrame(records), [
-        ("mean rank: each dataset ranks its methods by their mean (1: the best; ties averaged), over the datasets "
-         "a method has a row in."),
-        (f"IQM: interquartile mean (25 % trimmed from each end) of the method's normalised scores, every seed of "
-         f"every dataset pooled; normalisation: {NORMALISATION}."),
-        (f"interval: {confidence:.0%} stratified bootstrap (seeds resampled within each dataset; Agarwal et al. "
-         f"2021), BCa, percentile where BCa is degenerate.")])
+    notes = [("mean rank: each dataset ranks its methods by their mean (1: the best; ties averaged), over the datasets "
+              "a method has a row in."),
+             (f"IQM: interquartile mean (25 % trimmed from each end) of the method's normalised scores, every seed of "
+              f"every dataset pooled; normalisation: {NORMALISATION}."),
+             (f"interval: {confidence:.0%} stratified bootstrap (seeds resampled within each dataset; Agarwal et al. "
+              f"2021), BCa, percentile where BCa is degenerate.")]
+    return doc.detail_table(f"Over {len(comparison.tables)} datasets ({columns})", records, notes, "all datasets")
 
 
-def _table_blocks(table: DatasetTable, settings: StatsSettings) -> list[Block]:
+def _table_blocks(table: DatasetTable, settings: StatsSettings) -> list[doc.Table]:
     return [_difference_block(table, settings), _selection_block(table), _ranking_block(table)]
 
 
@@ -646,141 +709,7 @@ def _percentile_lines(table: DatasetTable) -> list[str]:
     return [f"Percentile bootstrap where BCa is degenerate: {', '.join(fell)}."] if fell else []
 
 
-def _text_block(block: Block) -> list[str]:
-    body = aligned(block.frame) if not block.frame.empty else []
-    return [block.title + (":" if body else "."), *body, *block.notes, ""]
-
-
-NUMBER = re.compile(r"^\[?[+-]?\d")  # 55.0, +5.0, [-1.2, +3.4], 3 vs 3
-
-
-def _numeric(column: pd.Series) -> bool:
-    """A column of numbers (or blanks): right-aligned in every format."""
-    return all(NUMBER.match(str(v)) or str(v) in ("", "n/a") for v in column)
-
-
-def aligned(frame: pd.DataFrame) -> list[str]:
-    """The frame's lines, two spaces between columns: a column of numbers right-aligned, any other left-aligned
-    (names and verdicts read from the left)."""
-    columns = [[str(name), *(str(v) for v in frame[name])] for name in frame.columns]
-    widths = [max(len(text) for text in column) for column in columns]
-    right = [_numeric(frame[name]) for name in frame.columns]
-    lines = []
-    for i in range(len(frame) + 1):
-        cells = [c[i].rjust(w) if r else c[i].ljust(w) for c, w, r in zip(columns, widths, right)]
-        lines.append("  ".join(cells).rstrip())
-    return lines
-
-
-def as_table(comparison: Comparison) -> str:
-    out: list[str] = []
-    settings = comparison.stats
-    text_mark = {BEST: " **", WITHIN: " *", "": ""}
-    for table in comparison.tables:
-        out += [_heading(table, settings), ""]
-        ranked = _display_frame(table, table.ranked, lambda text, mark: text + text_mark[mark])
-        out += [ranked.to_string(index=False)] if not ranked.empty else ["(no OOD-selected sweep)"]
-        if table.analysis_only:
-            out += ["", "Analysis only (selected on the test split itself, not a valid protocol; not ranked):",
-                    _display_frame(table, table.analysis_only, lambda text, mark: text).to_string(index=False)]
-        out += ["", _legend(table, "**", "*", settings), *_blind_lines(table), *_percentile_lines(table), ""]
-        for block in _table_blocks(table, settings) if settings else []:
-            out += _text_block(block)
-    if comparison.aggregate:
-        out += _text_block(_aggregate_block(comparison))
-    if not comparison.tables:
-        out.append("No finished sweep matches.")
-    out += _unfinished_lines(comparison)
-    return "\n".join(out).rstrip("\n")
-
-
-def _markdown_block(block: Block) -> list[str]:
-    body = [_markdown_rows(block.frame), ""] if not block.frame.empty else []
-    notes = [*(f"- {note}" for note in block.notes), ""] if block.notes else []
-    return [f"**{block.title}**", "", *body, *notes]
-
-
-def as_markdown(comparison: Comparison) -> str:
-    emphasis = {BEST: "**{}**", WITHIN: "_{}_", "": "{}"}
-    settings = comparison.stats
-    out: list[str] = []
-    for table in comparison.tables:
-        frame = _display_frame(table, table.ranked + table.analysis_only, lambda text, mark: emphasis[mark].format(text))
-        out += [f"**{_heading(table, settings)}**", "", _markdown_rows(frame), "",
-                _legend(table, "Bold:", "italic:", settings), *_blind_lines(table), *_percentile_lines(table), ""]
-        for block in _table_blocks(table, settings) if settings else []:
-            out += _markdown_block(block)
-    if comparison.aggregate:
-        out += _markdown_block(_aggregate_block(comparison))
-    if not comparison.tables:
-        out.append("No finished sweep matches.")
-    out += _unfinished_lines(comparison)
-    return "\n".join(out).rstrip("\n")
-
-
-def _markdown_rows(frame: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(LATEX_SPECIALS.get(ch, ch) for ch in text)
-
-
-def _latex_cell(cell: Cell | None) -> str:
-    if cell is None:
-        return "--"
-    text = f"{100 * cell.mean:.1f}" + ("" if math.isnan(cell.std) else f" $\\pm$ {100 * cell.std:.1f}")
-    text += f" {interval_text(cell.interval)}" if cell.interval else ""
-    return {BEST: f"\\textbf{{{text}}}", WITHIN: f"\\underline{{{text}}}", "": text}[cell.mark]
-
-
-def as_latex(comparison: Comparison) -> str:
-    """One booktabs tabular per dataset, ready to paste inside a table environment (needs \\usepackage{booktabs});
-    with statistics, one more per block (differences, selection cost, rankings, the aggregate)."""
-    out: list[str] = []
-    settings = comparison.stats
-    for table in comparison.tables:
-        legend = (f"% bold: best {latex_escape(table.rank_label)}; underlined: within one std of it" if settings is None
-                  else f"% {latex_escape(_legend(table, '', '', settings))}")
-        out += [f"% raybench compare: {latex_escape(_heading(table, settings))}", legend,
-                *(f"% {latex_escape(line)}" for line in _blind_lines(table) + _percentile_lines(table)),
-                f"\\begin{{tabular}}{{l{'c' * len(table.columns)}}}", "\\toprule",
-                " & ".join(["Method", *(latex_escape(c.label) for c in table.columns)]) + " \\\\", "\\midrule"]
-        out += [_latex_row(table, row) for row in table.ranked]
-        if table.analysis_only:
-            span = len(table.columns) + 1
-            out += ["\\midrule", f"\\multicolumn{{{span}}}{{l}}{{\\emph{{Oracle selection (analysis only)}}}} \\\\"]
-            out += [_latex_row(table, row) for row in table.analysis_only]
-        out += ["\\bottomrule", "\\end{tabular}", ""]
-        for block in _table_blocks(table, settings) if settings else []:
-            out += _latex_block(block, table.dataset)
-    if comparison.aggregate:
-        out += _latex_block(_aggregate_block(comparison), "all datasets")
-    return "\n".join(out).rstrip("\n")
-
-
-def _latex_block(block: Block, dataset: str) -> list[str]:
-    """A block as a booktabs tabular of escaped plain text, its title and notes as comments above it."""
-    head = [f"% {latex_escape(dataset)}: {latex_escape(block.title)}", *(f"% {latex_escape(n)}" for n in block.notes)]
-    if block.frame.empty:
-        return [*head, ""]
-    rows = [" & ".join(latex_escape(str(v)) for v in row) + " \\\\" for row in block.frame.itertuples(index=False)]
-    spec = "".join("r" if _numeric(block.frame[c]) else "l" for c in block.frame.columns)
-    return [*head, f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
-            " & ".join(latex_escape(str(c)) for c in block.frame.columns) + " \\\\", "\\midrule", *rows,
-            "\\bottomrule", "\\end{tabular}", ""]
-
-
-def _latex_row(table: DatasetTable, row: MethodRow) -> str:
-    return " & ".join([latex_escape(row.method), *(_latex_cell(row.cells.get(c.key)) for c in table.columns)]) + " \\\\"
-
-
+# ----- for machines: CSV's rows and JSON's tree --------------------------------------------------------------
 def records(comparison: Comparison) -> list[dict[str, Any]]:
     """One flat record per row, fractions unrounded: what CSV and JSON carry."""
     flat = []
@@ -835,7 +764,8 @@ def _stats_fields(table: DatasetTable, row: MethodRow, aggregate: MethodAggregat
         "vs_baseline.difference": _number(versus.difference) if versus else None,
         **_interval_fields("vs_baseline", versus.interval if versus else None),
         "vs_baseline.p_value": _number(versus.p_value) if versus else None, "vs_baseline.test": str(versus.test) if versus else None,
-        "vs_baseline.verdict": str(versus.verdict) if versus else None, "vs_baseline.note": versus.note if versus else None}
+        "vs_baseline.verdict": str(versus.verdict) if versus else None, "vs_baseline.note": versus.note if versus else None,
+        "vs_baseline.replicates_needed": versus.plan.needed if versus and versus.plan else None}
     cost = row.selection_cost
     for rule in stats.RULES:
         choice = cost.choice(rule) if cost else None
@@ -859,13 +789,10 @@ def _position(table: DatasetTable, row: MethodRow, rule: Rule) -> int | None:
     return ranking.methods.index(row.method) + 1 if ranking and row.method in ranking.methods else None
 
 
-def as_csv(comparison: Comparison) -> str:
-    buffer = io.StringIO()
-    pd.DataFrame(records(comparison)).to_csv(buffer, index=False)
-    return buffer.getvalue().rstrip("\n")
-
-
-def as_json(comparison: Comparison) -> str:
+def json_tree(comparison: Comparison) -> dict[str, Any]:
+    """What `--format json` writes: the tables (dataset, ranking column, columns; with statistics the baseline,
+    rankings and rank agreement), every row as `records` gives it, the unfinished sweeps, and with statistics the
+    settings and the aggregate over datasets."""
     tables = [{"dataset": t.dataset, "rank_key": t.rank_key, "columns": [asdict(c) for c in t.columns],
                **(_table_stats_json(t) if comparison.stats else {})} for t in comparison.tables]
     data: dict[str, Any] = {"tables": tables, "rows": records(comparison),
@@ -873,7 +800,7 @@ def as_json(comparison: Comparison) -> str:
     if comparison.stats:
         data["stats"] = _settings_json(comparison.stats)
         data["aggregate"] = [_aggregate_json(a) for a in comparison.aggregate]
-    return json.dumps(data, indent=2)
+    return data
 
 
 def _settings_json(settings: StatsSettings) -> dict[str, Any]:
@@ -895,8 +822,3 @@ def _table_stats_json(table: DatasetTable) -> dict[str, Any]:
 def _aggregate_json(entry: MethodAggregate) -> dict[str, Any]:
     return {"method": entry.method, "datasets": entry.datasets, "mean_rank": _number(entry.mean_rank), "iqm": entry.iqm,
             "scores": entry.scores, **_interval_fields("iqm", entry.interval)}
-
-
-# Each format raybench.words declares, by its name; `raybench compare --format` and a benchmark's files read them.
-RENDERERS: dict[str, Callable[[Comparison], str]] = {"table": as_table, "csv": as_csv, "json": as_json,
-                                                      "markdown": as_markdown, "latex": as_latex}

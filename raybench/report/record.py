@@ -11,6 +11,7 @@ from raybench.paths import storage_writes
 from raybench.records import Importances, SweepSummary, TrialRecord
 from raybench.report import results as tables
 from raybench.report.importance import MIN_TRIALS, importances
+from raybench.report_keys import REPLICATES_PREFIX
 
 if TYPE_CHECKING:
     from raybench.sweep.runner import Prepared
@@ -56,7 +57,7 @@ SWEEP_RECORD = SweepRecord()
 def headline_metrics(summary: SweepSummary) -> dict[str, float]:
     """The parent run's metrics: each replicate metric's mean and std, the compute of each stage, the wall
     time, and an attempt's epochs scale (the convergence rule)."""
-    headline = {f"replicates/{key}/{stat}": cell[stat] for key, cell in summary.replicates.summary.items()
+    headline = {f"{REPLICATES_PREFIX}{key}/{stat}": cell[stat] for key, cell in summary.replicates.summary.items()
                 for stat in ("mean", "std")}
     headline.update({f"compute/{stage}/{name}": value for stage, totals in (summary.compute or {}).items()
                      for name, value in totals.items()})

@@ -32,6 +32,7 @@ import numpy as np
 
 from raybench.records import TrialRecord, Words, is_finite_number
 from raybench.report_keys import BEST_PREFIX
+from raybench.sweep.seed_rules import POWER, SeedPlan, plan_seeds
 from raybench.words import SELECTION_RULES
 
 CONFIDENCE = 0.95
@@ -105,6 +106,8 @@ class StatsSettings:
     alpha: float = ALPHA
     n_resamples: int = N_RESAMPLES
     seed: int = SEED
+    plan_seeds: bool = False  # also plan the replicates each comparison needs (raybench.sweep.seed_rules)
+    power: float = POWER
 
     @property
     def baseline_name(self) -> str:
@@ -192,6 +195,7 @@ class Difference:
     n: int
     n_baseline: int
     note: str = ""  # why the replicates are too few to tell, where they are
+    plan: SeedPlan | None = None  # with plan_seeds: the replicates per side Welch's test needs at the settings' power
 
 
 def versus(values: Sequence[float], baseline_values: Sequence[float], baseline: str,
@@ -201,11 +205,12 @@ def versus(values: Sequence[float], baseline_values: Sequence[float], baseline: 
     difference = float(np.mean(x) - np.mean(y)) if len(x) and len(y) else math.nan
     test = SignificanceTest.WELCH if settings.test == Significance.WELCH else SignificanceTest.PERMUTATION
     too_few = too_few_reason(len(x), len(y), settings)
+    plan = plan_seeds(x, y, settings.alpha, settings.power) if settings.plan_seeds else None
     if min(len(x), len(y)) < MIN_REPLICATES:
-        return Difference(baseline, difference, None, None, test, Verdict.TOO_FEW, len(x), len(y), too_few)
+        return Difference(baseline, difference, None, None, test, Verdict.TOO_FEW, len(x), len(y), too_few, plan)
     p_value, interval = welch(x, y, settings) if test == SignificanceTest.WELCH else permutation(x, y, settings)
     verdict = Verdict.TOO_FEW if too_few else decide(p_value, interval, settings.alpha)
-    return Difference(baseline, difference, interval, p_value, test, verdict, len(x), len(y), too_few)
+    return Difference(baseline, difference, interval, p_value, test, verdict, len(x), len(y), too_few, plan)
 
 
 def too_few_reason(n: int, n_baseline: int, settings: StatsSettings = StatsSettings()) -> str:

@@ -254,6 +254,10 @@ class SweepOptions:
                                                               "default: a private local Ray")
     tracking_uri: str | None = option(None, flag="--tracking-uri", parse=nonblank("an MLflow tracking URI"), help="MLflow tracking URI; default: "
                                                                         "sqlite:///mlflow.db in the working directory")
+    experiment: str = option("raybench", flag="--experiment", parse=nonblank("an MLflow experiment name"),
+                             metavar="NAME", fixed_on_resume=True,
+                             help="the MLflow experiment the sweep's runs are filed under (default: raybench); "
+                                  "`results` and `compare` find a sweep by its name in any experiment")
     storage: str = option("runs", flag="--storage", parse=nonblank("a folder"), help="Tune storage folder (shared storage on a multi-node cluster)")
     name: str | None = option(None, flag="--name", help="sweep name; default: SPACE-DATASET-seedSEED")
     smoke: bool = option(False, flag="--smoke", help="a few steps per trial (and by default 2 trials, 2 replicates)", fixed_on_resume=True)

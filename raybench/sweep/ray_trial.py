@@ -8,8 +8,13 @@ whole backend, Optuna, SQLite and Tune's searchers included (benchmarks/trial_im
 difference; torch, Ray Data and pandas stay, since Ray Tune itself imports them). The trainables here are
 module-level functions bound by `functools.partial` to a `TrialSpec` (plain values and this module's types),
 so unpickling one imports this module, Ray Tune's and Ray Train's trial-side API, ray_worker.py and the raybench
-trainer, and nothing of the driver's (tests/test_trial_imports.py). ray_backend.py (which imports this) still
-builds each trainable and its resource request, and keeps all that runs in the sweep's own process.
+trainer, and nothing of the driver's (tests/test_trial_imports.py): none of ray_cluster.py, ray_search.py,
+ray_callbacks.py, ray_collect.py. ray_search.py (which imports this) builds each trainable and its resource request;
+those modules keep all that runs in the sweep's own process (ray_backend.py says which does what).
+
+A finished trial's completed record (`_finish`) is the one source of its TrialRecord (ray_collect.py): its last
+report whole, as Tune was sent it (the Train executor's with every worker's CPU-seconds summed in, ReportRelay),
+the path its checkpoint was persisted at, its timing, and whether a scheduler stopped it early.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 # Read by Ray in the trial's process, which a cluster at --address did not start from the sweep's environment:
-# Ray Train passes the first on to each run's controller (ray_backend sets them too, before it imports Ray).
+# Ray Train passes the first on to each run's controller (ray_cluster sets them too, before it imports Ray).
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -41,6 +46,7 @@ from raybench.paths import write_text_atomically
 from raybench.report_keys import GPU_S, TIME_PREFIX, WALL_S
 from raybench.sweep.atomic_storage import atomic_local_filesystem
 from raybench.sweep.ray_worker import (
+    CHECKPOINT_PATH_KEY,
     EPOCHS_DONE,
     FAILURE_KEY,
     REPORTED_AT,
@@ -172,7 +178,7 @@ class StopRequests:
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """Everything a trial of one stage runs with, made once per stage by ray_backend.make_trainable and pickled
+    """Everything a trial of one stage runs with, made once per stage by ray_search.make_trainable and pickled
     into each trial: the space its sampled config is completed from, where its records and Train's checkpoints
     go, its resources and how its Train run starts."""
 
@@ -244,19 +250,24 @@ def trial_timing(started: float, last: dict[str, Any], gpus: float) -> dict[str,
 
 def _finish(completed: CompletedRuns, key: str, last: dict[str, Any], started: float, gpus: float,
             stopped: bool) -> None:
-    """Record the finished run: the last epoch's report plus its timing, and whether a scheduler stopped it
-    early. Tune has had every report already (ReportRelay); the sweep's callbacks and `collect` read this
-    record, which also lets a resumed sweep replay the run instead of training it again."""
+    """Record the finished run, atomically: its last report as Tune was sent it (with the path its checkpoint was
+    persisted at), its timing, and whether a scheduler stopped it early. Tune has had every report already
+    (ReportRelay), unless a signal stopped its loop first; the sweep's callbacks and `collect` read this record,
+    the one source of the run's TrialRecord, which also lets a resumed sweep replay the run instead of training
+    it again."""
     completed.save(key, {**last, **trial_timing(started, last, gpus), STOPPED_KEY: stopped, TIMING_REPORT: True})
 
 
 class TuneReporter(TrainReporter):
-    """In a plain Tune function trial: the same reports through `tune.report`; keeps the last one."""
+    """In a plain Tune function trial: the same reports through `tune.report`; keeps the last one and where Tune
+    persisted its checkpoint (`tune.get_checkpoint` is the reported checkpoint once it was persisted), which the
+    run's record names as a Train run's names its own."""
 
     def __init__(self, stop_file: str | None = None) -> None:
         self.facts = {}
         self.stages = []
         self.last: dict[str, Any] = {}
+        self.checkpoint_path: str | None = None
         self.clock = TrialClock()
         self.stop_file = stop_file
 
@@ -265,6 +276,12 @@ class TuneReporter(TrainReporter):
         with tempfile.TemporaryDirectory() as tmp:
             report.write_checkpoint(Path(tmp))
             self.clock.report(lambda: tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(tmp)))
+        persisted = tune.get_checkpoint()
+        self.checkpoint_path = persisted.path if persisted is not None else None
+
+    def recorded(self) -> dict[str, Any]:
+        """The run's last report as its record keeps it: what Tune was sent, and its checkpoint's path."""
+        return {**_keep(self.last), CHECKPOINT_PATH_KEY: self.checkpoint_path}
 
 
 def _raise_if_failed(metrics: dict[str, Any] | None) -> None:
@@ -287,7 +304,10 @@ def _keep(metrics: dict[str, Any] | None) -> dict[str, Any]:
 class ReportRelay:
     """Passes a Ray Train run's reports to Tune from the trial driver's own thread, while `fit()` runs in a
     second thread: every report, the last one included, reaches Tune before the driver function returns and
-    Tune's end-of-trial marker follows it (see ray_worker.WorkersReportCallback for the deadlock it avoids)."""
+    Tune's end-of-trial marker follows it (see ray_worker.WorkersReportCallback for the deadlock it avoids).
+
+    It keeps the last report it relayed (`last`), which the run's record holds: Train's own Result has rank 0's
+    metrics alone, without the CPU-seconds of the other workers that the relayed report sums in."""
 
     POLL_S = 0.5  # how long one wait on the queue lasts before the fit thread is looked at again
 
@@ -296,6 +316,7 @@ class ReportRelay:
         # node would die with it and fail the trial, where the run itself is retried from its checkpoint.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.queue = RayQueue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+        self.last: dict[str, Any] = {}
 
     def callback(self) -> WorkersReportCallback:
         return WorkersReportCallback(self.queue)
@@ -313,16 +334,17 @@ class ReportRelay:
         thread.start()
         while thread.is_alive() or not self.queue.empty():  # a report is queued before fit() can return
             try:
-                tune.report(self.queue.get(timeout=self.POLL_S))
+                self.last = self.queue.get(timeout=self.POLL_S)
             except QueueEmpty:
                 continue
+            tune.report(self.last)
         thread.join()
         if "error" in outcome:
             raise outcome["error"]
         return outcome["result"]
 
 
-# ----- the trainables: ray_backend.make_trainable binds each to its stage's TrialSpec -------------------------
+# ----- the trainables: ray_search.make_trainable binds each to its stage's TrialSpec --------------------------
 def train_driver(trial: TrialSpec, sampled: dict[str, Any]) -> None:
     """The Train executor's trial: a driver that fits one Ray Train run of the sampled config, relays its
     reports to Tune and records it as finished (or replays the record a resumed sweep already has)."""
@@ -335,7 +357,7 @@ def train_driver(trial: TrialSpec, sampled: dict[str, Any]) -> None:
     relay = ReportRelay()
     result = relay.fit(_train_run(trial, run, tune_trial_id, relay))
     _raise_if_failed(result.metrics)
-    last = {**_keep(result.metrics), "checkpoint_path": result.checkpoint.path if result.checkpoint else None}
+    last = {**_keep(relay.last), CHECKPOINT_PATH_KEY: result.checkpoint.path if result.checkpoint else None}
     resources = trial.resources
     _finish(trial.completed, run.key, last, started, resources.gpus_per_worker * resources.workers,
             trial.stopped_early(tune_trial_id, last))
@@ -383,7 +405,7 @@ def function_trial(trial: TrialSpec, sampled: dict[str, Any]) -> None:
         trial.completed.save(run.key, failure)
         tune.report(failure)
         return
-    last = _keep(reporter.last)
+    last = reporter.recorded()
     _finish(trial.completed, run.key, last, started, trial.resources.gpus_per_worker,
             trial.stopped_early(tune_trial_id, last))
 

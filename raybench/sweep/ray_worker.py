@@ -2,10 +2,10 @@
 and the report callback its controller calls.
 
 Ray Train starts a controller and a worker process per run and unpickles these there, importing this
-module by name. So it imports Ray Train alone: not Tune's searchers, Optuna or the experiment code of
-ray_backend.py, nor the trial code of ray_trial.py (both import this), and the raybench trainer (torch) only
-inside the worker loop, where it runs. The controller then never imports torch. Measured in
-benchmarks/README.md ("Sweep overhead").
+module by name. So it imports Ray Train alone: not Tune's searchers, Optuna or the driver's modules
+(ray_search.py and the others ray_backend.py names), nor the trial code of ray_trial.py (they import this), and
+the raybench trainer (torch) only inside the worker loop, where it runs. The controller then never imports torch.
+Measured in benchmarks/README.md ("Sweep overhead").
 """
 from __future__ import annotations
 

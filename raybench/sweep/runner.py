@@ -516,7 +516,7 @@ def _run_locked(prepared: Prepared, lock: HeldLock, recorder: SweepRecorder) -> 
     resume_command = opts.resume_command
     tracker: SweepTracker | None = None
     if opts.parent_run or not is_new_sqlite_store(prepared.tracking_uri):
-        tracker = SweepTracker(prepared.tracking_uri)  # fails fast when the server is unreachable
+        tracker = SweepTracker(prepared.tracking_uri, opts.experiment)  # fails fast when the server is unreachable
     if opts.parent_run:
         try:
             # A benchmark's sweep is resumed by resuming the benchmark: its own command would name the
@@ -530,14 +530,14 @@ def _run_locked(prepared: Prepared, lock: HeldLock, recorder: SweepRecorder) -> 
     # refused request leaves none behind. A private Ray's request was judged before the start (prepare).
     joining = cluster_address(opts.address) is not None
     new_tracker = ray_session.start_beside(
-        lambda: _ready_for_the_end(prepared.tracking_uri, tracker is None and not joining, modules))
+        lambda: _ready_for_the_end(prepared.tracking_uri, opts.experiment, tracker is None and not joining, modules))
     try:
         backend = ray_session.backend
         resources = backend.Resources(opts.workers_per_trial, opts.cpus_per_worker, opts.gpus_per_worker,
                                       opts.max_failures, custom=opts.worker_resources,
                                       per_trial=opts.trial_resources)
         backend.check_resources(resources, opts.executor, opts.autoscaling)
-        tracker = tracker or new_tracker or SweepTracker(prepared.tracking_uri)
+        tracker = tracker or new_tracker or SweepTracker(prepared.tracking_uri, opts.experiment)
         tags = base_tags(opts.dataset, prepared.algorithm)
         if resume_command:
             tags[RESUME_TAG] = resume_command
@@ -556,10 +556,11 @@ def _run_locked(prepared: Prepared, lock: HeldLock, recorder: SweepRecorder) -> 
     return summary
 
 
-def _ready_for_the_end(tracking_uri: str, new_store: bool, modules: tuple[str, ...]) -> SweepTracker | None:
+def _ready_for_the_end(tracking_uri: str, experiment: str, new_store: bool,
+                       modules: tuple[str, ...]) -> SweepTracker | None:
     """What runs beside Ray's start: a new store's tracker (MLflow's schema migrations), and the imports of the
     sweep's record (`modules`), seconds of one core that its end would otherwise spend with every trial slot idle."""
-    tracker = SweepTracker(tracking_uri) if new_store else None
+    tracker = SweepTracker(tracking_uri, experiment) if new_store else None
     for module in modules:
         try:
             importlib.import_module(module)
