@@ -38,6 +38,12 @@ def bounded(kind: type, minimum: float, maximum: float, strict: bool = False) ->
 
 positive_int = bounded(int, 1, MAX_COUNT)  # trials, epochs, workers, grace periods
 non_negative_int = bounded(int, 0, MAX_COUNT)  # replicates
+AUTO = "auto"
+
+
+def count_or_auto(text: str) -> int | str:
+    """`--replicates`: a count, or `auto` (as many as a sequential rule asks for, raybench.sweep.seed_rules)."""
+    return AUTO if text.strip().lower() == AUTO else non_negative_int(text)
 seed_int = bounded(int, 0, MAX_SEED)  # as the trainer's `seed`: numpy's seeds are 32-bit
 non_negative_float = bounded(float, 0, MAX_MAGNITUDE)
 positive_float = bounded(float, 0, MAX_MAGNITUDE, strict=True)  # factors, seconds

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 EXECUTORS = ("train", "function")  # how a trial runs: a Ray Train TorchTrainer, or a plain Tune function
 SAMPLERS = ("random", "tpe")  # Optuna's samplers a search draws its configs with (raybench.sweep.sampling)
 SCHEDULERS = ("fifo", "asha")  # every trial to its end, or ASHA's early stops
+# The two stages of a sweep, each a Tune experiment of its own: the search over configs, then the selected config's
+# seed replicates. Their runs in MLflow carry the word as their stage tag (raybench.tracking.names).
+SEARCH_STAGE = "search"
+REPLICATE_STAGE = "replicate"
 
 
 @dataclass(frozen=True)

@@ -41,14 +41,15 @@ def test_a_plan_out_of_reach_says_why():
 
 def test_a_large_difference_stops_at_the_first_look():
     rule = SequentialRule(first=3, cap=10)
-    assert rule.next_count([0.1, 0.12, 0.11], [0.9, 0.91, 0.89]) is None
+    assert rule.next_count(3, [0.1, 0.12, 0.11], [0.9, 0.91, 0.89]) is None
+    assert rule.next_count(0, [], [0.9, 0.91, 0.89]) == 3  # no look before the first count
 
 
 def test_no_difference_runs_to_the_cap():
     rng = np.random.default_rng(1)
     rule = SequentialRule(first=3, cap=10)
     x, y, n = list(rng.normal(0.5, 0.05, 3)), list(rng.normal(0.5, 0.05, 3)), 3
-    while (wanted := rule.next_count(x, y)) is not None:
+    while (wanted := rule.next_count(n, x, y)) is not None:
         x += list(rng.normal(0.5, 0.05, wanted - n))
         y += list(rng.normal(0.5, 0.05, wanted - n))
         n = wanted
@@ -78,3 +79,72 @@ def test_testing_at_alpha_at_every_look_would_not(monkeypatch):
 def test_the_rule_refuses_a_cap_below_its_start():
     with pytest.raises(ValueError, match="first"):
         SequentialRule(first=5, cap=4)
+
+
+def test_a_failed_replicate_still_counts_towards_the_cap():
+    """Three run, one failed (no value): the next look asks for a fourth, not for the third again."""
+    rule = SequentialRule(first=3, cap=4)
+    assert rule.next_count(3, [0.5, 0.52], [0.5, 0.51, 0.49]) == 4
+    assert rule.next_count(4, [0.5, 0.52], [0.5, 0.51, 0.49]) is None
+
+
+# ----- the runner's looks (raybench.sweep.runner.replicates_until_settled), with the stages faked ---------------
+def replicate(seed: int, value: float):
+    from raybench.records import TrialRecord, TrialStatus
+
+    return TrialRecord(order=0, trial_id="t1", seed=seed, sampled={}, status=TrialStatus.OK,
+                       metrics={"best/test/acc": value})
+
+
+def settle(values_of_seed, baseline: list[float], first: int = 3, cap: int = 6):
+    """replicates_until_settled on a fake stage: each look's seeds score values_of_seed(seed)."""
+    from types import SimpleNamespace
+
+    from raybench.sweep import runner
+    from raybench.sweep.outcome import replicate_seeds
+
+    prepared = SimpleNamespace(replicate_rule=SequentialRule(first, cap), report={"columns": [{"key": "test/acc"}]},
+                               baseline_values=tuple(baseline), options=SimpleNamespace(baseline="erm-sweep"))
+    seeds = replicate_seeds("t1", first)
+    looks, checks = [], []
+
+    def look(new_seeds, total):
+        looks.append((list(new_seeds), total))
+        return [replicate(s, values_of_seed(s)) for s in new_seeds], False
+
+    replicates, seeds = runner.replicates_until_settled(
+        prepared, SimpleNamespace(trial_id="t1"), [replicate(s, values_of_seed(s)) for s in seeds], seeds, look,
+        lambda runs, ran, cut: checks.append(len(ran)))
+    return replicates, seeds, looks, checks
+
+
+def test_auto_replicates_stop_at_the_first_look_on_a_large_difference():
+    _, seeds, looks, _ = settle(lambda seed: 0.5 + (seed % 7) / 1000, [0.90, 0.91, 0.89])
+    assert len(seeds) == 3 and looks == []
+
+
+def test_auto_replicates_run_to_the_cap_when_nothing_differs_each_look_one_seed_of_the_same_stream():
+    from raybench.sweep.outcome import replicate_seeds
+
+    rng = np.random.default_rng(3)
+    scores = {}
+    replicates, seeds, looks, checks = settle(lambda seed: scores.setdefault(seed, float(rng.normal(0.5, 0.05))),
+                                              list(rng.normal(0.5, 0.05, 3)))
+    assert seeds == replicate_seeds("t1", 6) and len(replicates) == 6
+    assert [(len(new), total) for new, total in looks] == [(1, 4), (1, 5), (1, 6)]
+    assert checks == [4, 5, 6]  # every look checked for an interruption, with all seeds so far
+
+
+def test_auto_replicates_are_refused_without_a_baseline_and_its_flags_without_auto(tmp_path):
+    from raybench.sweep.errors import OptionError
+    from raybench.sweep.runner import SweepOptions, check_options
+
+    def refused(**changes) -> str:
+        with pytest.raises(OptionError) as err:
+            check_options(SweepOptions(space="erm", storage=str(tmp_path), **changes))
+        return str(err.value)
+
+    assert refused(replicates="auto").startswith("--replicates auto: expected --baseline SWEEP")
+    assert refused(baseline="erm-sweep").startswith("--baseline: only with --replicates auto")
+    assert refused(replicates=3, replicates_cap=5).startswith("--replicates-cap: only with --replicates auto")
+    check_options(SweepOptions(space="erm", storage=str(tmp_path), replicates="auto", baseline="erm-sweep"))

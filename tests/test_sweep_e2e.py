@@ -214,6 +214,40 @@ def test_the_stores_run_names_metric_names_and_files_are_the_ones_the_docs_name(
     assert (smoke_sweep["dir"] / "runs" / f"smoke-replicate-{selected}").is_dir()
 
 
+def test_auto_replicates_add_seeds_against_the_baseline_sweep_until_the_rule_stops(smoke_sweep, ray_head, tmp_path):
+    """`--replicates auto --baseline smoke --replicates-cap 3` on a real sweep: the first look's 2 seeds (the
+    smoke count), then one more only if Welch's test at alpha / looks has not told the two apart; the summary
+    records the rule and the results page says how it ended. On a copy of the smoke sweep's store, which the
+    module's other tests read as holding that one sweep."""
+    import shutil
+
+    from raybench.sweep.outcome import replicate_seeds, replicate_values
+    from raybench.sweep.seed_rules import SequentialRule
+
+    workdir, storage = tmp_path, tmp_path / "runs"
+    shutil.copy(smoke_sweep["dir"] / "mlflow.db", tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = run_cli(on_head(["sweep", "dann", "--smoke", "--seed", str(SEED + 1), "--name", "auto", "--storage",
+                            str(storage), "--tracking-uri", uri, "--replicates", "auto",
+                            "--replicates-cap", "3", "--baseline", "smoke"], ray_head), smoke_sweep["env"], workdir)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((storage / "auto" / "results" / "summary.json").read_text())
+    record = summary["report"]["replicate_rule"]
+    selected = summary["selected"]["trial_id"]
+    seeds = summary["replicates"]["seeds"]
+    assert seeds == replicate_seeds(selected, len(seeds)) and len(seeds) in (2, 3)
+    from raybench.records import SweepSummary
+
+    mine, baseline = (SweepSummary.from_json(s) for s in (summary, smoke_sweep["summary"]))
+    values = replicate_values(mine.replicates.runs, record["column"])
+    decided = SequentialRule(2, 3).decided(values[:2], replicate_values(baseline.replicates.runs, record["column"]))
+    assert len(seeds) == (2 if decided else 3)  # a second look exactly when the first did not decide
+    assert (storage / f"auto-replicate-{selected}-to3").is_dir() == (len(seeds) == 3)
+    assert record["baseline"] == "smoke" and record["replicates"] == len(seeds) and record["cap"] == 3
+    shown = run_cli(["results", "auto", "--tracking-uri", uri], smoke_sweep["env"], workdir)
+    assert f"Replicates: {len(seeds)}, " in shown.stdout and "against smoke on test/acc" in shown.stdout
+
+
 def tune_reports(stage_dir: Path) -> dict[str, list[dict]]:
     """What each Tune trial of a stage reported, epoch by epoch, as Tune itself kept it (its result.json lines,
     written by Tune's own JSON logger, not by raybench), by Tune trial id."""

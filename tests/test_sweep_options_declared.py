@@ -29,6 +29,8 @@ NON_DEFAULT: dict[str, Any] = {
     "dataset": "spuco-digits",
     "trials": 7,
     "replicates": 0,
+    "replicates_cap": 6,
+    "baseline": "erm-digits-shift-seed0",
     "seed": 4_294_967_295,
     "sampler": "tpe",
     "max_concurrent": 5,
@@ -275,7 +277,8 @@ def test_the_benchmark_passes_the_flags_it_always_passed():
 # What a --resume may not change: what is trained (dataset, smoke, space), how the search and selection run, and
 # the MLflow experiment its runs are filed under (a resume finds its runs there).
 DECIDE_WHAT_IS_TRAINED = {"dataset", "trials", "replicates", "seed", "sampler", "workers_per_trial", "smoke",
-                          "executor", "selection", "scheduler", "grace_period", "reduction_factor", "experiment"}
+                          "executor", "selection", "scheduler", "grace_period", "reduction_factor", "experiment",
+                          "replicates_cap", "baseline"}
 
 
 def test_a_resume_refuses_exactly_the_options_declared_fixed_naming_each_ones_flag():

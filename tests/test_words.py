@@ -66,3 +66,26 @@ def test_the_registries_and_flags_are_built_from_the_declared_words():
     choices = {field.name: flag.choices for field, flag in options.flagged()}
     assert choices["executor"] == words.EXECUTORS and choices["sampler"] == words.SAMPLERS
     assert choices["scheduler"] == words.SCHEDULERS and choices["selection"] == tuple(words.SELECTION_RULES)
+
+
+def test_mlflows_run_statuses_are_spelled_only_where_tracking_declares_them():
+    """RUNNING, FINISHED, KILLED and FAILED as words: raybench.tracking.names declares them (RUN_*), the sweep and
+    the benchmark end their runs with those names."""
+    statuses = {"RUNNING", "FINISHED", "KILLED", "FAILED"}
+    spelled = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+               for path in sorted(PACKAGE.rglob("*.py")) if path.relative_to(PACKAGE).as_posix() != "tracking/names.py"
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Constant) and node.value in statuses]
+    assert spelled == []
+
+
+def test_a_sweeps_stage_words_are_declared_once_and_tracking_tags_runs_with_them():
+    from raybench.tracking import names
+
+    assert (names.SEARCH_STAGE, names.REPLICATE_STAGE) == (words.SEARCH_STAGE, words.REPLICATE_STAGE)
+    compared = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+                for path in sorted(PACKAGE.rglob("*.py")) if path.name != "words.py"
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == words.REPLICATE_STAGE
+                                                         for c in node.comparators)]
+    assert compared == [], "a stage compared with its word written out: read raybench.words"

@@ -494,7 +494,7 @@ def latest_progress(log_path: Path) -> str:
 
 def run_benchmark(benchmark: Benchmark, options: BenchmarkOptions, say: Callable[[str], None] = say_shown) -> Outcome:
     """Run every pair not finished yet, then compare the sweeps and attach the tables to the parent run."""
-    from raybench.tracking import BenchmarkTracker, check_uri
+    from raybench.tracking import RUN_FAILED, RUN_FINISHED, RUN_KILLED, BenchmarkTracker, check_uri
 
     notes = check_storage(benchmark, options)
     check_uri(options.tracking_uri)
@@ -514,10 +514,10 @@ def run_benchmark(benchmark: Benchmark, options: BenchmarkOptions, say: Callable
     except BaseException as err:
         save_records(state_path, benchmark, records)
         stopped = isinstance(err, (KeyboardInterrupt, BenchmarkInterrupted))
-        tracker.end_benchmark(_summary_markdown(benchmark, records), "KILLED" if stopped else "FAILED",
+        tracker.end_benchmark(_summary_markdown(benchmark, records), RUN_KILLED if stopped else RUN_FAILED,
                               note=str(err) or type(err).__name__)
         raise
-    status = "FINISHED" if outcome.count(PairState.FINISHED) == len(records) else "FAILED"
+    status = RUN_FINISHED if outcome.count(PairState.FINISHED) == len(records) else RUN_FAILED
     failed = "; ".join(f"{r.method} on {r.dataset}: {r.reason}" for r in records.values() if r.status == PairState.FAILED)
     tracker.end_benchmark(_summary_markdown(benchmark, records), status, note=failed or None)
     outcome.mlflow = {"experiment_id": tracker.experiment_id, "run_id": parent}

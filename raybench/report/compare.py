@@ -43,10 +43,9 @@ from raybench.report.stats import (
     StatsSettings,
 )
 from raybench.report_keys import BEST_PREFIX, KEPT_AT_BEST
-from raybench.sweep.outcome import BudgetSummary, RowHealth
+from raybench.sweep.outcome import BudgetSummary, RowHealth, ranking_key, replicate_values
 
 BEST, WITHIN = "best", "within one std"
-RANK_SPLIT = "test"  # the held-out test split: OOD test on a shift, the test split of a group benchmark
 # A row's budget is the protocol's when its steps, over what the WILDS rule gives its method, and its ERM budget
 # are within this share of the table's reference row (ERM's, else the median): rounding moves them by less.
 BUDGET_TOLERANCE = 0.10
@@ -267,7 +266,7 @@ def _table(dataset: str, summaries: list[SweepSummary], settings: StatsSettings 
     columns: list[Column] = []
     for summary in summaries:
         columns += [c for c in columns_of(summary) if c.key not in {k.key for k in columns}]
-    rank_key = next((c.key for c in columns if c.key.startswith(f"{RANK_SPLIT}/")), columns[-1].key)
+    rank_key = ranking_key([{"key": c.key} for c in columns])
     rows = _disambiguate([_row(summary, columns, settings) for summary in summaries])
     if settings is None:
         return DatasetTable(dataset, columns, rank_key, _marked(rows, rank_key))
@@ -286,7 +285,7 @@ def _row(summary: SweepSummary, columns: list[Column], settings: StatsSettings |
         cell = replicates.summary.get(f"{BEST_PREFIX}{column.key}")
         cells[column.key] = Cell(cell["mean"], _nan_if_none(cell["std"]), int(cell["n"])) if cell else None
     if settings is not None:
-        cells = {key: _with_interval(cell, _replicate_values(replicates.runs, key), settings) if cell else None
+        cells = {key: _with_interval(cell, replicate_values(replicates.runs, key), settings) if cell else None
                  for key, cell in cells.items()}
     compute = summary.compute or {}
     return MethodRow(
@@ -306,13 +305,6 @@ def _row(summary: SweepSummary, columns: list[Column], settings: StatsSettings |
 
 
 # ----- statistics (raybench.report.stats) -----------------------------------------------------------
-def _replicate_values(runs: list[TrialRecord], key: str) -> tuple[float, ...]:
-    """The finite values of `best/<key>` over the replicates that ran to their end, as raybench.sweep.outcome.summarize takes
-    them for the mean and std."""
-    values = [r.metrics.get(f"{BEST_PREFIX}{key}") for r in runs if r.status == TrialStatus.OK]
-    return tuple(float(v) for v in stats.finite([v for v in values if isinstance(v, (int, float))]))
-
-
 def _with_interval(cell: Cell, values: tuple[float, ...], settings: StatsSettings) -> Cell:
     return replace(cell, values=values, interval=stats.mean_interval(values, settings))
 
@@ -608,7 +600,8 @@ def _difference_block(table: DatasetTable, settings: StatsSettings) -> doc.Table
     if settings.plan_seeds:
         notes.append(f"Replicates needed: per side, for Welch's test at alpha {settings.alpha:g} to tell the row from "
                      f"the baseline with power {settings.power:g}, taking the measured difference and stds as the "
-                     f"truth (a forecast from the replicates run so far)")
+                     f"truth (a forecast from the replicates run so far; "
+                     f"`sweep --replicates auto --baseline SWEEP` adds them until the verdict settles)")
     return doc.detail_table(title, records, notes, table.dataset)
 
 

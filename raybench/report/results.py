@@ -161,7 +161,18 @@ def notices(summary: SweepSummary) -> list[str]:
         lines.append(f"Selection is blind: {summary.selection_blind}")
     if summary.selected is not None and summary.selected.selection_note:
         lines.append(f"Held out: {summary.selected.selection_note}")
-    return lines + RowHealth.of(summary).notices()
+    return lines + RowHealth.of(summary).notices() + replicate_rule_lines(summary)
+
+
+def replicate_rule_lines(summary: SweepSummary) -> list[str]:
+    """`--replicates auto`'s outcome, as summary.json recorded it (raybench.sweep.runner.replicate_rule_record)."""
+    found = (summary.report or {}).get("replicate_rule")
+    if not found:
+        return []
+    verdict = "decided" if found["decided"] else f"not decided at the cap of {found['cap']}"
+    line = (f"Replicates: {found['replicates']}, {verdict} against {found['baseline']} on {found['column']} "
+            f"({found['rule']})")
+    return [line]
 
 
 def nothing_selected(summary: SweepSummary) -> str:

@@ -20,9 +20,9 @@ from typing import Any
 
 from raybench.flag_types import (
     assignment,
+    count_or_auto,
     cpu_amount,
     gpu_amount,
-    non_negative_int,
     nonblank,
     number_word,
     positive_float,
@@ -40,6 +40,7 @@ from raybench.sweep.trial_slots import slot_folder_problem
 from raybench.words import EXECUTORS, SAMPLERS, SCHEDULERS, SELECTION_RULES
 
 METADATA_KEY = "raybench.sweep_option"
+DEFAULT_REPLICATES_CAP = 10  # --replicates auto: the most replicates it adds up to
 
 
 
@@ -229,9 +230,18 @@ class SweepOptions:
     dataset: str = option("digits-shift", flag="--dataset", fixed_on_resume=True)
     trials: int | None = option(None, flag="--trials", parse=positive_int,  # None: 10, or 2 with smoke
                                 help="random configs to try (default 10; 2 with --smoke)", fixed_on_resume=True)
-    replicates: int | None = option(None, flag="--replicates", parse=non_negative_int,  # None: the dataset's count
+    replicates: int | str | None = option(None, flag="--replicates", parse=count_or_auto,  # None: the dataset's count
                                     help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, "
-                                         "else 3; 2 with --smoke)", fixed_on_resume=True)
+                                         "else 3; 2 with --smoke), or auto: that many, then one more at a time until "
+                                         "Welch's test tells it from --baseline (alpha 0.05 over all looks) or "
+                                         "--replicates-cap", fixed_on_resume=True)
+    replicates_cap: int = option(
+        DEFAULT_REPLICATES_CAP, flag="--replicates-cap", parse=positive_int, metavar="N", fixed_on_resume=True,
+        help="with --replicates auto: the most replicates it runs (default 10)")
+    baseline: str | None = option(
+        None, flag="--baseline", parse=nonblank("a sweep name"), metavar="SWEEP", fixed_on_resume=True,
+        help="with --replicates auto: the finished sweep (on the same dataset, in the same store) this one is told "
+             "apart from on the ranking column")
     seed: int = option(0, flag="--seed", parse=seed_int, help="the search's seed (Optuna sampler)", fixed_on_resume=True)
     sampler: str = option("random", flag="--sampler", choices=SAMPLERS, fixed_on_resume=True)
     max_concurrent: int = option(2, flag="--max-concurrent", parse=positive_int)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from raybench.budget import StepRatios
 from raybench.records import SweepSummary, TrialRecord, TrialStatus, is_finite_number
-from raybench.report_keys import CLOCK_STAMPS, CPU_S, GPU_S, SELECTION_BLIND, WALL_S
+from raybench.report_keys import BEST_PREFIX, CLOCK_STAMPS, CPU_S, GPU_S, SELECTION_BLIND, WALL_S
 
 # What a run used, as its driver and workers report it (raybench/sweep/ray_backend.py), by total name.
 COMPUTE_KEYS = {"wall_s": WALL_S, "cpu_s": CPU_S, "gpu_s": GPU_S}
@@ -169,3 +169,20 @@ def tied_trials(finished: list[TrialRecord]) -> str | None:
     if len(values) < 2 or any(v is None for v in values) or len(set(values)) > 1:
         return None
     return f"all {len(values)} trials scored the same selection value ({values[0]:.4f}): choosing among them is blind"
+
+
+RANK_SPLIT = "test"  # the held-out test split: OOD test on a shift, the test split of a group benchmark
+
+
+def ranking_key(columns: list[Mapping[str, Any]]) -> str:
+    """The report column methods are ranked and tested on (a dataset's report columns, as summary.report keeps
+    them): the first on the test split, else the last one."""
+    keys = [str(column["key"]) for column in columns]
+    return next((key for key in keys if key.startswith(f"{RANK_SPLIT}/")), keys[-1])
+
+
+def replicate_values(runs: list[TrialRecord], key: str) -> tuple[float, ...]:
+    """The finite values of `best/<key>` over the replicates that ran to their end, as summarize takes them for
+    the mean and std."""
+    values = [r.metrics.get(f"{BEST_PREFIX}{key}") for r in runs if r.status == TrialStatus.OK]
+    return tuple(float(v) for v in values if is_finite_number(v))

@@ -27,6 +27,7 @@ from raybench.sweep.ray_collect import RunRecords, error_reason
 from raybench.sweep.ray_trial import STOPPED_KEY
 from raybench.sweep.ray_worker import EPOCHS_DONE, FAILURE_KEY, STAGES_KEY
 from raybench.sweep.space import ResolvedSpace
+from raybench.words import REPLICATE_STAGE
 
 # Tune's "`process_trial_result` took 0.8 s, which may be a performance bottleneck" (the MLflow callback's
 # sqlite commit on a busy 2-core machine): timing hints for Tune's developers, not the user's console.
@@ -41,7 +42,7 @@ def readable_run_name(stage: str, key: str, sampled: dict[str, Any], seed: int) 
     """What the MLflow runs table shows: `search 04b9f357: lr=0.00196, penalty=1.31` or `replicate 04b9f357:
     seed 2871`. The full id stays in the run's tags (raybench.key, trial_id), which is what raybench looks up."""
     short = key.split("-seed")[0][:8]
-    if stage == "replicate":
+    if stage == REPLICATE_STAGE:
         return f"replicate {short}: seed {seed}"
     values = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(sampled.items()))
     name = f"{stage} {short}: {values}" if values else f"{stage} {short}"
@@ -157,16 +158,19 @@ class TrackingCallback(tune.Callback):
         tags = {"raybench.selection_blind": str(last[BLIND_INFO])} if last.get(BLIND_INFO) else {}
         if record.get(STOPPED_KEY):
             tags["raybench.stopped_early"] = f"after epoch {int(record[EPOCHS_DONE]) - 1}"
+        from raybench.tracking import RUN_FAILED, RUN_FINISHED, numeric_metrics
+
         timing = {}
         if record and not last.get("replayed"):  # what the run used, from its record
-            from raybench.tracking import numeric_metrics
 
             timing = numeric_metrics(science({k: v for k, v in record.items() if k.startswith(TIME_PREFIX)}))
         self._submit("end", key, metrics=timing, step=int(record.get("epoch", iteration)) if timing else 0, tags=tags,
-                     status="FAILED" if reason else "FINISHED", reason=reason)
+                     status=RUN_FAILED if reason else RUN_FINISHED, reason=reason)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._submit("end", self._run(trial), status="FAILED", reason=error_reason(trial))
+        from raybench.tracking import RUN_FAILED
+
+        self._submit("end", self._run(trial), status=RUN_FAILED, reason=error_reason(trial))
 
 
 class ProgressCallback(tune.Callback):
@@ -187,7 +191,7 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run = self.records.identity(trial)
-        label = f"seed {run.config['seed']}" if self.records.stage == "replicate" else f"trial {run.trial_id}"
+        label = f"seed {run.config['seed']}" if self.records.stage == REPLICATE_STAGE else f"trial {run.trial_id}"
         epochs = run.config.get("epochs")
         self.progress.trial_started(trial.trial_id, label, int(epochs) if isinstance(epochs, (int, float)) else None)
         progress_display().moved(self.progress)

@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import raybench
 from raybench.data import DATASETS, ShiftDataset, load_dataset
+from raybench.flag_types import AUTO
 from raybench.labels import selection_label
 from raybench.paths import (
     HeldLock,
@@ -49,8 +50,15 @@ from raybench.sweep import outcome, progress, state_seal
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, Attempt, ConvergeRule, run_until_converged, scale_text
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.local_cluster import check_local_cluster
-from raybench.sweep.options import SCHEDULERS, SweepOptions, cluster_address  # SweepOptions is imported from here too
+from raybench.sweep.options import (  # SweepOptions is imported from here too
+    DEFAULT_REPLICATES_CAP,
+    SCHEDULERS,
+    SweepOptions,
+    cluster_address,
+)
+from raybench.sweep.outcome import ranking_key
 from raybench.sweep.progress import StageProgress, duration
+from raybench.sweep.seed_rules import SequentialRule
 from raybench.sweep.selection import SELECTIONS
 from raybench.sweep.space import (
     OWN_FLAGS,
@@ -66,6 +74,9 @@ from raybench.tracking import (
     LOCK_TAG,
     PROCESS_STATS,
     RESUME_TAG,
+    RUN_FAILED,
+    RUN_FINISHED,
+    RUN_KILLED,
     TRIAL_JOURNAL,
     RecordedSweep,
     SweepTracker,
@@ -78,12 +89,14 @@ from raybench.tracking import (
     find_recorded_sweep,
     flatten,
     is_new_sqlite_store,
+    load_sweep_results,
     read_summary_text,
     redact_uri,
     storage_problem,
 )
+from raybench.words import REPLICATE_STAGE, SEARCH_STAGE
 
-STAGE_TITLES = {"search": "search", "replicate": "replicates"}
+STAGE_TITLES = {SEARCH_STAGE: "search", REPLICATE_STAGE: "replicates"}
 T = TypeVar("T")
 
 
@@ -124,6 +137,8 @@ class Prepared:
     report: dict[str, Any]  # what result tables call the splits and which cells a comparison shows
     # The convergence rule's earlier attempts this sweep supersedes (raybench.sweep.converge); its summary names them
     attempts: list[ConvergenceAttempt] = dataclasses.field(default_factory=list)
+    replicate_rule: SequentialRule | None = None  # --replicates auto: add seeds until decided against the baseline
+    baseline_values: tuple[float, ...] = ()  # the baseline sweep's replicate values on the ranking column
 
 
 def dataset_for_trials(options: SweepOptions, space: SearchSpace) -> ShiftDataset:
@@ -157,8 +172,10 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     metric = selection.metric(dataset)
     trials = options.trials if options.trials is not None else (2 if options.smoke else 10)
     default_replicates = 2 if options.smoke else (dataset.defaults.replicates or 3)  # camelyon17: 10, as the paper
-    replicates = options.replicates if options.replicates is not None else default_replicates
+    auto = options.replicates == AUTO
+    replicates = default_replicates if options.replicates in (None, AUTO) else options.replicates
     options = dataclasses.replace(options, trials=trials, replicates=replicates)
+    rule = replicate_rule(options) if auto else None
     overrides = command_line_overrides(options.smoke, options.extra_fixed)
     resolved = sweep_space(space, dataset, overrides)
     storage = Path(options.storage).resolve()
@@ -187,9 +204,37 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     if busy is not None:  # a live driver explains an existing (or not yet existing) sweep better than its folders
         raise sweep_busy(name, busy)
     _check_storage_for(name, storage, options.resume, uri)
+    layout = report_layout(dataset)
+    baseline = baseline_values(options, uri, ranking_key(layout["columns"])) if rule is not None else ()
     check_local_cluster(options)  # last: it may import Ray's resource module, which the start needs next anyway
     return Prepared(options, name, resolved, space.algorithm, metric, selection.label(dataset), list(dataset.metric_names), uri, storage,
-                    dry_run.epochs, report_layout(dataset))
+                    dry_run.epochs, layout, replicate_rule=rule, baseline_values=baseline)
+
+
+def replicate_rule(options: SweepOptions) -> SequentialRule:
+    """--replicates auto's rule: from the dataset's replicate count to --replicates-cap, one seed per look."""
+    try:
+        return SequentialRule(first=options.replicates, cap=options.replicates_cap)
+    except ValueError:
+        raise OptionError(f"--replicates-cap: expected at least the first look's {options.replicates} replicates "
+                          f"(the dataset's count, and at least 2), got {options.replicates_cap}") from None
+
+
+def baseline_values(options: SweepOptions, uri: str, key: str) -> tuple[float, ...]:
+    """The baseline sweep's replicate values on the ranking column `key`, read from the store before any
+    cluster work: a missing, unfinished or other-dataset baseline is one line naming --baseline."""
+    try:
+        summary = load_sweep_results(uri, options.baseline)
+    except (TrackingError, ValueError) as err:
+        raise OptionError(f"--baseline: {err}") from None
+    if summary.dataset != options.dataset:
+        raise OptionError(f"--baseline: sweep {options.baseline!r} ran on {summary.dataset}, this one on "
+                          f"{options.dataset}; expected a sweep on the same dataset")
+    values = outcome.replicate_values(summary.replicates.runs, key)
+    if len(values) < 2:
+        raise OptionError(f"--baseline: sweep {options.baseline!r} has {len(values)} finished replicate(s) with a "
+                          f"{key} value; a test needs at least 2")
+    return values
 
 
 def _load_plugins(flags: tuple[str, ...]) -> None:
@@ -231,6 +276,18 @@ def check_options(options: SweepOptions) -> None:
     if problem:
         raise OptionError(f"--storage: {problem}")
     check_converge(options)
+    check_replicates_auto(options)
+
+
+def check_replicates_auto(options: SweepOptions) -> None:
+    """--replicates auto decides against a baseline sweep; --baseline and --replicates-cap mean nothing without it."""
+    if options.replicates == AUTO and options.baseline is None:
+        raise OptionError("--replicates auto: expected --baseline SWEEP, the finished sweep to tell this one apart from")
+    if options.replicates != AUTO:
+        given = "--baseline" if options.baseline is not None else "--replicates-cap" \
+            if options.replicates_cap != DEFAULT_REPLICATES_CAP else None
+        if given:
+            raise OptionError(f"{given}: only with --replicates auto")
 
 
 def check_converge(options: SweepOptions) -> None:
@@ -436,7 +493,7 @@ def _same_value(was: str, now: str) -> bool:
 def finished_summary(prepared: Prepared, recorded: RecordedSweep | None) -> SweepSummary | None:
     """The results of a sweep that already finished, by its parent run and by its summary under --storage;
     None while there is anything left to do (a resume then continues it)."""
-    if recorded is None or recorded.state.state != SweepState.FINISHED or recorded.status != "FINISHED":
+    if recorded is None or recorded.state.state != SweepState.FINISHED or recorded.status != RUN_FINISHED:
         return None
     path = prepared.storage / prepared.name / "results" / "summary.json"
     try:
@@ -547,10 +604,10 @@ def _run_locked(prepared: Prepared, lock: HeldLock, recorder: SweepRecorder) -> 
         try:
             summary = _search_and_replicate(prepared, tracker, ray_session, resources, tags, recorder)
         except BaseException as err:
-            tracker.end_sweep("KILLED" if isinstance(err, (KeyboardInterrupt, SweepInterrupted)) else "FAILED",
+            tracker.end_sweep(RUN_KILLED if isinstance(err, (KeyboardInterrupt, SweepInterrupted)) else RUN_FAILED,
                               note=str(err))
             raise
-        tracker.end_sweep("FINISHED")
+        tracker.end_sweep(RUN_FINISHED)
     finally:
         ray_session.stop()
     return summary
@@ -650,7 +707,7 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
         return run.with_callbacks(callback, shown)
 
     asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
-    search = spec("search", opts.trials if prepared.space.search else 1, early_stopping=asha)
+    search = spec(SEARCH_STAGE, opts.trials if prepared.space.search else 1, early_stopping=asha)
     trials, cut_short = _stage_records(
         backend, lambda: backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume),
         prepared.space, search)
@@ -663,18 +720,53 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
         announce(f"replicates: {len(seeds)} seeds of trial {selected.trial_id} (best of the search, "
                  f"{words} {selected.selection_value:.4f}), elapsed {duration(time.time() - started)}")
         # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
-        replicate = spec("replicate", len(seeds), f"-{selected.trial_id}")
+        replicate = spec(REPLICATE_STAGE, len(seeds), f"-{selected.trial_id}")
         replicates, cut_short = _stage_records(
             backend, lambda: backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume),
             prepared.space, replicate)
         _raise_if_interrupted(prepared, tracker, recorder, "replicates", replicates, len(seeds), started, cut_short,
                               trials, selected, seeds)
+        if prepared.replicate_rule is not None:
+            def look(new_seeds: list[int], total: int) -> tuple[list[TrialRecord], bool]:
+                run = spec(REPLICATE_STAGE, len(new_seeds), f"-{selected.trial_id}-to{total}")
+                return _stage_records(backend, lambda: backend.run_replicates(
+                    prepared.space, run, selected.sampled, new_seeds, opts.resume), prepared.space, run)
+
+            replicates, seeds = replicates_until_settled(prepared, selected, replicates, seeds, look,
+                                                         lambda runs, ran, cut: _raise_if_interrupted(
+                                                             prepared, tracker, recorder, "replicates", runs,
+                                                             len(ran), started, cut, trials, selected, ran))
     ray_session.stop_in_background()  # every trial is collected: the record below needs no Ray
     announce("results: writing the summary, the tables and the figures")
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
     summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
     recorder.record(prepared, tracker, summary, trials, replicates, selected)
     return summary
+
+
+def replicates_until_settled(prepared: Prepared, selected: TrialRecord, replicates: list[TrialRecord],
+                             seeds: list[int], look: Callable[[list[int], int], tuple[list[TrialRecord], bool]],
+                             check: Callable[[list[TrialRecord], list[int], bool], None]
+                             ) -> tuple[list[TrialRecord], list[int]]:
+    """--replicates auto: after the first replicates, one more seed per look (each its own Tune experiment,
+    NAME-replicate-<trial>-to<n>, so a resume restores every look it started) until the rule decides the
+    comparison with the baseline on the ranking column, or the cap. The seeds are the selected trial's
+    (replicate_seeds): the first n of n + 1 are the n already run, so a resume repeats every look exactly."""
+    rule = prepared.replicate_rule
+    assert rule is not None
+    key = ranking_key(prepared.report["columns"])
+    while (wanted := rule.next_count(len(seeds), outcome.replicate_values(replicates, key),
+                                     prepared.baseline_values)) is not None:
+        new = outcome.replicate_seeds(selected.trial_id, wanted)[len(seeds):]
+        announce(f"replicates: not yet told apart from {prepared.options.baseline} on {key}; seed {wanted} of at "
+                 f"most {rule.cap}")
+        more, cut_short = look(new, wanted)
+        replicates, seeds = replicates + more, seeds + new
+        check(replicates, seeds, cut_short)
+    decided = rule.decided(outcome.replicate_values(replicates, key), prepared.baseline_values)
+    announce(f"replicates: {len(seeds)} seeds, {'decided' if decided else 'not decided at the cap'} against "
+             f"{prepared.options.baseline} ({rule.words()})")
+    return replicates, seeds
 
 
 def _stage_records(backend: Any, run_stage: Callable[[], Any], space: ResolvedSpace,
@@ -726,6 +818,21 @@ def space_scales(space: ResolvedSpace) -> dict[str, str]:
     return {name: param.scale for name, param in space.search.items()}
 
 
+REPLICATE_RULE_KEY = "replicate_rule"  # summary.report's record of --replicates auto
+
+
+def replicate_rule_record(prepared: Prepared, replicates: list[TrialRecord]) -> dict[str, Any]:
+    """What summary.json keeps of --replicates auto: the rule, the baseline, the replicates run and whether the
+    comparison was decided; nothing for a fixed count."""
+    rule = prepared.replicate_rule
+    if rule is None:
+        return {}
+    key = ranking_key(prepared.report["columns"])
+    decided = rule.decided(outcome.replicate_values(replicates, key), prepared.baseline_values)
+    return {REPLICATE_RULE_KEY: {"rule": rule.words(), "baseline": prepared.options.baseline, "column": key,
+                                 "replicates": len(replicates), "cap": rule.cap, "decided": decided}}
+
+
 def _summary(prepared: Prepared, trials: list[TrialRecord], selected: TrialRecord | None,
              replicates: list[TrialRecord], seeds: list[int], seconds: float,
              state: SweepState = SweepState.FINISHED) -> SweepSummary:
@@ -737,7 +844,8 @@ def _summary(prepared: Prepared, trials: list[TrialRecord], selected: TrialRecor
         raybench_version=raybench.__version__,
         selection=Selection(strategy, prepared.selection_metric, prepared.selection_label,
                             SELECTIONS.get(strategy).analysis_only),
-        metric_names=prepared.metric_names, report=prepared.report, trials=trials, selected=selected,
+        metric_names=prepared.metric_names, report={**prepared.report, **replicate_rule_record(prepared, replicates)},
+        trials=trials, selected=selected,
         replicates=Replicates(seeds, sum(r.status == TrialStatus.OK for r in replicates), replicates,
                               outcome.summarize(replicates)),
         wall_seconds=round(seconds, 1),

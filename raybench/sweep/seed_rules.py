@@ -112,8 +112,9 @@ def _with(plan: SeedPlan, **changes: Any) -> SeedPlan:
 
 @dataclass(frozen=True)
 class SequentialRule:
-    """Add one replicate on each side per look, from `first` replicates up to `cap`, and stop as soon as Welch's
-    test rejects at alpha / looks (the module docstring says why that level)."""
+    """Add one replicate per look, from `first` replicates up to `cap`, and stop as soon as Welch's test rejects
+    at alpha / looks (the module docstring says why that level). A sweep adds them to its own side; the
+    baseline's replicates are the ones it recorded."""
 
     first: int
     cap: int
@@ -141,12 +142,12 @@ class SequentialRule:
             return bool(x.mean() != y.mean())
         return bool(_stats().ttest_ind(x, y, equal_var=False).pvalue < self.level)
 
-    def next_count(self, values: Sequence[float], baseline_values: Sequence[float]) -> int | None:
-        """The replicate count to run next on each side, or None to stop (decided, or at the cap)."""
-        n = min(len(values), len(baseline_values))
-        if n >= self.cap or (n >= self.first and self.decided(values, baseline_values)):
+    def next_count(self, ran: int, values: Sequence[float], baseline_values: Sequence[float]) -> int | None:
+        """The replicate count to have run after this look, or None to stop: decided, or `ran` (the replicates
+        run so far, failed ones too, whose values are missing from `values`) at the cap."""
+        if ran >= self.cap or (ran >= self.first and self.decided(values, baseline_values)):
             return None
-        return max(n + 1, self.first)
+        return max(ran + 1, self.first)
 
     def words(self) -> str:
         return (f"replicates until Welch's test decides at alpha {self.alpha} over {self.looks} looks "

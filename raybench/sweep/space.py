@@ -27,6 +27,7 @@ from raybench.settings import Distribution, FieldType
 from raybench.sweep import space_catalog
 from raybench.sweep.converge import scaled_epochs
 from raybench.trainer import ConfigError, TrainConfig
+from raybench.words import REPLICATE_STAGE
 
 TOP_KEYS = {"algorithm", "description", "search", "fixed", "derived", "datasets"}
 OVERRIDE_KEYS = {"search", "fixed", "derived"}
@@ -261,7 +262,7 @@ def run_key(config: Mapping[str, Any], stage: str) -> str:
 
 def _seeded(key: str, config: Mapping[str, Any], stage: str) -> str:
     """A replicate's key carries its seed: the stage runs one config under several seeds."""
-    return f"{key}-seed{config['seed']}" if stage == "replicate" else key
+    return f"{key}-seed{config['seed']}" if stage == REPLICATE_STAGE else key
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ from raybench.tracking.names import (
     LOCK_TAG,
     PARENT_TAG,
     RESUME_TAG,
+    RUN_FAILED,
+    RUN_FINISHED,
+    RUN_KILLED,
     STAGE_TAG,
     STATE_TAG,
     STORAGE_TAG,
@@ -94,7 +97,8 @@ from raybench.tracking.sweep_writer import BenchmarkTracker, SweepTracker
 from raybench.tracking.trial_writer import TRIAL_JOURNAL, RunWrite, TrialRunWriter, WriteKind
 
 __all__ = [
-    "DRIVER_TAG", "EXPERIMENT", "LOCK_TAG", "PARENT_TAG", "PROCESS_STATS", "RESUME_TAG", "STAGE_TAG", "STATE_TAG",
+    "DRIVER_TAG", "EXPERIMENT", "LOCK_TAG", "PARENT_TAG", "PROCESS_STATS", "RESUME_TAG", "RUN_FAILED", "RUN_FINISHED",
+    "RUN_KILLED", "STAGE_TAG", "STATE_TAG",
     "STORAGE_TAG", "SWEEP_TAG", "TRIAL_JOURNAL", "UI_PORT",
     "BenchmarkTracker", "DamagedRecord", "RecordedSweep", "RunRecord", "RunWrite", "RunWriter", "SweepRecord",
     "SweepStanding", "SweepTracker", "TrackingError", "TrackingStats", "TrialRunWriter", "WriteKind",

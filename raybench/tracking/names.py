@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from raybench.labels import SHIFT_SPLIT_LABELS
 from raybench.records import SweepState as State
 from raybench.report_keys import BEST_PREFIX, REPLICATES_PREFIX
+from raybench.words import REPLICATE_STAGE, SEARCH_STAGE  # noqa: F401  (the stage tags' words)
 
 EXPERIMENT = "raybench"  # the experiment a sweep is filed under unless `sweep --experiment NAME` names another
 # Marks an experiment raybench filed sweeps under, so that reading finds a sweep by name in any of them.
@@ -51,13 +52,13 @@ COMMIT_TAG = "git_commit"
 STAGE_TAG = "stage"
 SWEEP_STAGE = "sweep"  # a sweep's parent run
 BENCHMARK_STAGE = "benchmark"  # a benchmark's parent run, above its sweeps' parents
-SEARCH_STAGE = "search"  # one trial of the search
-REPLICATE_STAGE = "replicate"  # one seed of the selected config
 METHOD_STAGE = "method_stage"  # an earlier stage of a multi-stage method, nested in its trial's run
 
+# MLflow's run statuses, as raybench ends its runs with them.
+RUN_RUNNING, RUN_FINISHED, RUN_KILLED, RUN_FAILED = "RUNNING", "FINISHED", "KILLED", "FAILED"
 # A sweep's state for its parent run's MLflow status (the state tag, where written, says more: "driver-gone").
-SWEEP_STATE_OF_STATUS = {"RUNNING": State.RUNNING, "FINISHED": State.FINISHED, "KILLED": State.INTERRUPTED,
-                         "FAILED": State.FAILED}
+SWEEP_STATE_OF_STATUS = {RUN_RUNNING: State.RUNNING, RUN_FINISHED: State.FINISHED, RUN_KILLED: State.INTERRUPTED,
+                         RUN_FAILED: State.FAILED}
 
 # ----- metric names -----------------------------------------------------------------------------------------
 EPOCH_METRIC = "epoch"  # every epoch's report carries it, at its own step

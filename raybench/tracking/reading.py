@@ -29,6 +29,7 @@ from raybench.tracking.names import (
     EXPERIMENT,
     REPLICATE_STAGE,
     RESUME_TAG,
+    RUN_RUNNING,
     SEARCH_STAGE,
     STAGE_TAG,
     STATE_TAG,
@@ -79,9 +80,9 @@ class SweepStanding:
 def sweep_state(parent: Any) -> SweepStanding:
     tags = parent.data.tags
     state = tags.get(STATE_TAG) or SWEEP_STATE_OF_STATUS.get(parent.info.status, State.RUNNING).value
-    if parent.info.status == "RUNNING" and driver_alive(tags.get(DRIVER_TAG)) is False:
+    if parent.info.status == RUN_RUNNING and driver_alive(tags.get(DRIVER_TAG)) is False:
         state = State.DRIVER_GONE.value
-    elif parent.info.status == "RUNNING":
+    elif parent.info.status == RUN_RUNNING:
         state = State.RUNNING.value
     return SweepStanding(state, tags.get(RESUME_TAG))
 

@@ -31,6 +31,9 @@ from raybench.tracking.names import (
     METHOD_STAGE_TAG,
     MODEL_TRAINING_KIND,
     PARENT_TAG,
+    RUN_FAILED,
+    RUN_FINISHED,
+    RUN_RUNNING,
     STAGE_TAG,
     SWEEPS_EXPERIMENT_TAG,
     mlflow_metric_name,
@@ -183,13 +186,13 @@ class RunWriter:
         weights = Path(str(stage.get("facts", {}).get(STAGE_WEIGHTS_FACT, "")))
         if weights.is_file():  # a pre-trained featurizer, so a later run can start from it (absent on another host)
             self.client.log_artifact(run, str(weights), name)
-        self.client.set_terminated(run, status="FINISHED")
+        self.client.set_terminated(run, status=RUN_FINISHED)
 
     def _nested(self, parent: str, key: str, run_name: str, params: Mapping[str, Any],
                 tags: Mapping[str, str], look_up: bool = True) -> tuple[str, bool]:
         existing = self._find({KEY_TAG: key, PARENT_TAG: parent}) if look_up else None
         if existing is not None:
-            self.client.update_run(existing.info.run_id, status="RUNNING")
+            self.client.update_run(existing.info.run_id, status=RUN_RUNNING)
             return existing.info.run_id, False
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags={**tags, KEY_TAG: key, PARENT_TAG: parent})
         self._log(run.info.run_id, params=flatten(params))
@@ -226,11 +229,11 @@ class RunWriter:
             for child in children:
                 run = self._create(child, {PARENT_TAG: parent_id})
                 self._log_record(run, child)
-                self.client.set_terminated(run, status="FINISHED")
+                self.client.set_terminated(run, status=RUN_FINISHED)
         except BaseException:
-            self.client.set_terminated(parent_id, status="FAILED")
+            self.client.set_terminated(parent_id, status=RUN_FAILED)
             raise
-        self.client.set_terminated(parent_id, status="FINISHED")
+        self.client.set_terminated(parent_id, status=RUN_FINISHED)
         return parent_id
 
     def _create(self, record: RunRecord, nesting: Mapping[str, str] | None = None) -> str:

@@ -21,6 +21,9 @@ from raybench.tracking.names import (
     LOCK_TAG,
     PARENT_TAG,
     RESUME_TAG,
+    RUN_FINISHED,
+    RUN_KILLED,
+    RUN_RUNNING,
     STAGE_TAG,
     STATE_TAG,
     STORAGE_TAG,
@@ -71,7 +74,7 @@ class SweepTracker(RunWriter):
             if storage is not None:
                 self._check_owner(name, existing, storage, resuming)
             self.parent_id = existing.info.run_id
-            self.client.update_run(self.parent_id, status="RUNNING")
+            self.client.update_run(self.parent_id, status=RUN_RUNNING)
             self._tag(self.parent_id, {**nesting, **owner})
         else:
             run = self.client.create_run(self.experiment_id, run_name=name,
@@ -136,10 +139,10 @@ class SweepTracker(RunWriter):
         state = SWEEP_STATE_OF_STATUS.get(status, State.FAILED)
         self.client.set_tag(self.parent_id, STATE_TAG, state.value)
         self.drop_tag(self.parent_id, LOCK_TAG)
-        if status != "FINISHED":
+        if status != RUN_FINISHED:
             for run in self.children(nested=True):
-                if run.info.status == "RUNNING":
-                    self.client.set_terminated(run.info.run_id, status="KILLED")
+                if run.info.status == RUN_RUNNING:
+                    self.client.set_terminated(run.info.run_id, status=RUN_KILLED)
         self.client.set_terminated(self.parent_id, status=status)
 
     def log_artifacts(self, directory: Path, artifact_path: str | None = None) -> None:
@@ -170,7 +173,7 @@ class BenchmarkTracker(SweepTracker):
         existing = self._find({BENCHMARK_TAG: name, STAGE_TAG: BENCHMARK_STAGE})
         if existing is not None:
             self.parent_id = existing.info.run_id
-            self.client.update_run(self.parent_id, status="RUNNING")
+            self.client.update_run(self.parent_id, status=RUN_RUNNING)
         else:
             run = self.client.create_run(self.experiment_id, run_name=f"benchmark {name}",
                                          tags={BENCHMARK_TAG: name, STAGE_TAG: BENCHMARK_STAGE})

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from raybench.paths import StorageFull
 from raybench.tracking import client as tracking_client
-from raybench.tracking.names import EXPERIMENT
+from raybench.tracking.names import EXPERIMENT, RUN_RUNNING
 from raybench.tracking.runs import RunWriter
 from raybench.tracking.store import TrackingError, redact_uri
 
@@ -194,7 +194,7 @@ class TrialRunWriter:
             self.runs[key], self.logged_through[key] = self.tracker.open_child(
                 key, write.run_name, write.params, write.tags, look_up=self.resuming)
         elif not replayed and (key in self.ended or key not in self.live):
-            self.tracker.client.update_run(self.runs[key], status="RUNNING")
+            self.tracker.client.update_run(self.runs[key], status=RUN_RUNNING)
         if not replayed:
             self.live.add(key)
             self.ended.discard(key)
