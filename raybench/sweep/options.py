@@ -230,7 +230,7 @@ class SweepOptions:
     dataset: str = option("digits-shift", flag="--dataset", fixed_on_resume=True)
     trials: int | None = option(None, flag="--trials", parse=positive_int,  # None: 10, or 2 with smoke
                                 help="random configs to try (default 10; 2 with --smoke)", fixed_on_resume=True)
-    replicates: int | str | None = option(None, flag="--replicates", parse=count_or_auto,  # None: the dataset's count
+    replicates: int | str | None = option(None, flag="--replicates", parse=count_or_auto, metavar="N|auto",  # None: the dataset's count
                                     help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, "
                                          "else 3; 2 with --smoke), or auto: that many, then one more at a time until "
                                          "Welch's test tells it from --baseline (alpha 0.05 over all looks) or "
