@@ -29,7 +29,7 @@ from raybench.report.document import (
     TableKind,
     Text,
 )
-from raybench.report.renderers import FORMATS, Part, Renderer, render
+from raybench.report.renderers import FORMATS, BlockRenderer, Part, render
 from raybench.report.results_text import results_document, results_text
 from raybench.sweep.errors import OptionError
 
@@ -115,7 +115,7 @@ def test_rendering_a_document_from_outside_is_not_writing_a_format(tmp_path):
 
 
 # ----- (b) a format is one class -------------------------------------------------------------------------------
-class Tabs(Renderer):
+class Tabs(BlockRenderer):
     """Tab-separated cells of every table, and nothing else: a format made in a test."""
 
     suffix = "tsv"

@@ -12,6 +12,7 @@ imports pandas, when it writes.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from enum import Enum
 from typing import ClassVar
@@ -42,12 +43,21 @@ class Part(str, Enum):
     TREE = "tree"
 
 
-class Renderer:
-    """A format: writes a Document as text. Subclasses for people write each kind of block (heading, lines, a
-    results table, a detail table); the blocks' lines are joined, and the page ends without a blank line."""
+class Renderer(ABC):
+    """A format: writes a Document as text, under its file `suffix`. The formats for machines (CSV, JSON) write
+    the document's data themselves; those for people are BlockRenderers."""
 
     suffix: ClassVar[str]  # the file suffix a benchmark writes this format under: `compare.<suffix>`
     reads: ClassVar[Part] = Part.BLOCKS
+
+    @abstractmethod
+    def render(self, document: Document) -> str:
+        """The whole document in this format."""
+
+
+class BlockRenderer(Renderer):
+    """A format for people: it writes each kind of block (a heading, lines, a results table, a detail table), and
+    the blocks' lines are joined, the page ending without a blank line. A subclass writes the two kinds of table."""
 
     def render(self, document: Document) -> str:
         lines: list[str] = []
@@ -68,13 +78,13 @@ class Renderer:
     def lines(self, lines: Lines) -> list[str]:
         return list(lines.lines)
 
+    @abstractmethod
     def results(self, table: Table) -> list[str]:
         """A RESULTS table's lines (raybench.report.document.TableKind)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def detail(self, table: Table) -> list[str]:
         """A DETAIL table's lines."""
-        raise NotImplementedError
 
 
 FORMATS: Registry[type[Renderer]] = Registry("format")
@@ -114,7 +124,7 @@ def one_line(text: str) -> str:
 
 
 @FORMATS.register("table")
-class TextRenderer(Renderer):
+class TextRenderer(BlockRenderer):
     """Plain text for the terminal: each results table a grid of right-aligned cells, marks as ` **` (best) and
     ` *` (within one std), a group kept apart under its own heading; each detail table under `title:` with names
     read from the left and numbers lined up on the right."""
@@ -167,7 +177,7 @@ def aligned(table: Table) -> list[str]:
 
 # ----- Markdown --------------------------------------------------------------------------------------------
 @FORMATS.register("markdown")
-class MarkdownRenderer(Renderer):
+class MarkdownRenderer(BlockRenderer):
     """Markdown: each table a pipe table under its bold title (a results table's groups in one table), marks as
     bold (best) and italic (within one std), a detail table's notes as a list."""
 
@@ -212,7 +222,7 @@ def latex_escape(text: str) -> str:
 
 
 @FORMATS.register("latex")
-class LatexRenderer(Renderer):
+class LatexRenderer(BlockRenderer):
     """LaTeX: one booktabs tabular per table, ready to paste inside a table environment (needs
     \\usepackage{booktabs}); a results table keeps its essential columns, marks as \\textbf (best) and \\underline
     (within one std), a group after the first under its label; titles, legends, notes and prose as comments."""
