@@ -30,6 +30,7 @@ from raybench.registry import Registry, UnknownNameError
 from raybench.report.renderers import FORMATS
 from raybench.sweep import options as sweep_options
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, ConvergeRule, converge_attempts, converge_factor
+from raybench.sweep.spending import budget_text, parse_spend_limit
 from raybench.words import SELECTION_RULES
 
 TRACKING_URI = nonblank("an MLflow tracking URI")  # an empty one silently meant the default store
@@ -370,6 +371,9 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     from raybench.tracking import TrackingError, default_tracking_uri, redact_uri
 
     check_space_folders(args.spaces)
+    if args.calibrate is not None and not args.plan:
+        raise UsageError(f"--calibrate: expected only with --plan (it forecasts the plan's runtime), got "
+                         f"--calibrate {args.calibrate} without it")
     try:
         benchmark = load_benchmark(args.file, args.spaces)
         bindings = bind_pairs(benchmark)  # as each pair's sweep binds it: --plan refuses what the run would
@@ -377,7 +381,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     rule = benchmark_convergence(args, benchmark.converge)
     if args.plan:
-        print(plan_text(benchmark, bindings, rule))
+        print(plan_text(benchmark, bindings, rule, benchmark_forecast(args, benchmark, bindings)))
         return 0
     try:
         address = sweep_options.cluster_address(args.address)  # inside a Ray job: the job's cluster
@@ -391,7 +395,8 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     resume = resume_command(args.argv)
     options = BenchmarkOptions(Path(args.storage).resolve(), args.tracking_uri or default_tracking_uri(), address,
                                args.resume, resume, args.progress_every, force=args.force,
-                               spaces=tuple(str(Path(folder).resolve()) for folder in args.spaces), converge=rule)
+                               spaces=tuple(str(Path(folder).resolve()) for folder in args.spaces), converge=rule,
+                               budget=parse_spend_limit(args.budget) if args.budget else None)
     with Signals() as signals:
         try:
             with progress.showing(progress.display_for(args.quiet, args.progress_every)):
@@ -408,6 +413,33 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     print(outcome_text(outcome))
     print(f"\nMLflow: {mlflow_hint(redact_uri(options.tracking_uri), outcome.mlflow)}")
     return 0 if outcome.count(PairState.FAILED) == 0 else 1
+
+
+def benchmark_forecast(args: argparse.Namespace, benchmark: Any, bindings: Any) -> Any:
+    """`--plan --calibrate SWEEP`: the benchmark's runtime forecast from finished sweep SWEEP under --storage
+    (raybench.report.forecast); None without the flag. A SWEEP that is not there, not finished or measured no
+    run is refused in one line naming it and what was expected."""
+    if args.calibrate is None:
+        return None
+    from raybench.commands.benchmark import DamagedSummary, summary_named
+    from raybench.paths import name_problem
+    from raybench.report.forecast import CalibrationError, calibrate, forecast, pair_steps
+
+    problem = name_problem(args.calibrate)
+    if problem:
+        raise UsageError(f"--calibrate: {problem}")
+    try:
+        summary = summary_named(Path(args.storage), args.calibrate)
+    except DamagedSummary as err:
+        raise UsageError(f"--calibrate: sweep {args.calibrate!r}: {err}") from None
+    if summary is None:
+        raise UsageError(f"--calibrate: sweep {args.calibrate!r}: expected a finished sweep under --storage "
+                         f"{args.storage} ({Path(args.storage) / args.calibrate / 'results' / 'summary.json'}), "
+                         f"found none")
+    try:
+        return forecast(benchmark, pair_steps(benchmark, bindings), calibrate(summary))
+    except CalibrationError as err:
+        raise UsageError(f"--calibrate: {err}") from None
 
 
 def benchmark_convergence(args: argparse.Namespace, in_file: ConvergeRule | None) -> ConvergeRule | None:
@@ -444,7 +476,15 @@ def add_benchmark_parser(sub: Any) -> None:
                                 f"{', '.join(grid_names())})")
     add_spaces_flag(b)
     b.add_argument("--plan", action="store_true", help="print the pairs it would run and those it rules out; run nothing")
-    b.add_argument("--resume", action="store_true", help="finish an interrupted benchmark: only pairs not finished run")
+    b.add_argument("--calibrate", type=nonblank("a finished sweep's name"), metavar="SWEEP",
+                   help="with --plan: forecast each pair's run-hours, GPU-hours and wall-clock hours from finished "
+                        "sweep SWEEP under --storage (e.g. `raybench sweep erm --smoke --name calib`): its runs' "
+                        "measured seconds a step and a run, scaled to each pair's planned steps")
+    b.add_argument("--resume", action="store_true", help="finish an interrupted benchmark: only pairs not finished run; "
+                                                         "a file whose pairs' trials only went up extends their searches")
+    b.add_argument("--budget", type=budget_text, metavar="AMOUNT",
+                   help="the whole benchmark's compute budget, wall-clock (90m, 2h) or GPU-hours (12gpu-h), shared out "
+                        "among its pairs: each pair's sweep gets its share as its own --budget")
     b.add_argument("--force", action="store_true", help="with --resume: resume even though the benchmark file changed "
                                                         "since the benchmark started (finished pairs are kept as they are)")
     b.add_argument("--address", type=nonblank(sweep_options.ADDRESS_WORDS), help="Ray cluster address ('auto' inside a submitted job); default: a private local Ray "

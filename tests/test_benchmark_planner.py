@@ -189,8 +189,11 @@ def test_a_damaged_benchmark_record_is_a_warning_on_resume_and_its_pairs_start_a
 
 # ----- a damaged summary.json under --storage ------------------------------------------------------------------
 def finished_summary(name: str) -> dict:
+    """A finished sweep of one of grid()'s pairs: its 2 trials (a finished sweep with fewer than its pair's trials
+    is one whose benchmark file grew it: it runs again)."""
     return {"name": name, "dataset": "digits-shift", "algorithm": "erm", "state": "finished",
-            "selection": {"strategy": "ood_val"}, "trials": [{"trial_id": "t", "status": "ok"}],
+            "selection": {"strategy": "ood_val"},
+            "trials": [{"trial_id": "t", "status": "ok", "order": 1}, {"trial_id": "u", "status": "ok", "order": 2}],
             "selected": {"trial_id": "t", "status": "ok"},
             "replicates": {"seeds": [1], "ok": 1, "runs": [], "summary": {}}}
 

@@ -28,6 +28,7 @@ NON_DEFAULT: dict[str, Any] = {
     "spaces": (str(REPO / "raybench" / "search_spaces"), str(REPO / "tests")),  # existing folders, as the parser requires
     "dataset": "spuco-digits",
     "trials": 7,
+    "budget": "2.5gpu-h",
     "replicates": 0,
     "replicates_cap": 6,
     "baseline": "erm-digits-shift-seed0",
@@ -275,8 +276,9 @@ def test_the_benchmark_passes_the_flags_it_always_passed():
 
 
 # What a --resume may not change: what is trained (dataset, smoke, space), how the search and selection run, and
-# the MLflow experiment its runs are filed under (a resume finds its runs there).
-DECIDE_WHAT_IS_TRAINED = {"dataset", "trials", "replicates", "seed", "sampler", "workers_per_trial", "smoke",
+# the MLflow experiment its runs are filed under (a resume finds its runs there). Not --trials: a resume may grow the
+# search (raybench.sweep.extension judges it, tests/test_extension.py).
+DECIDE_WHAT_IS_TRAINED = {"dataset", "replicates", "seed", "sampler", "workers_per_trial", "smoke",
                           "executor", "selection", "scheduler", "grace_period", "reduction_factor", "experiment",
                           "replicates_cap", "baseline"}
 

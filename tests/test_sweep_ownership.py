@@ -163,7 +163,6 @@ def test_a_new_sweep_of_an_existing_name_in_the_store_is_refused_from_another_st
 
 # ----- a resume keeps the recorded flags ----------------------------------------------------------------------
 @pytest.mark.parametrize("extra, flag, was, got", [
-    (["--trials", "3"], "--trials", "2", "3"),
     (["--seed", "5"], "--seed", "0", "5"),
     (["--replicates", "2"], "--replicates", "1", "2"),
     (["--sampler", "tpe"], "--sampler", "random", "tpe"),
@@ -178,6 +177,15 @@ def test_a_resume_with_a_changed_flag_is_refused_naming_it(base_sweep, extra, fl
     line = one_line_refusal(proc)
     assert f"--resume: {flag} was {was} when this sweep started, got {got}" in line
     assert record_of(base_sweep) == before  # still FINISHED, its summary untouched, no run added
+
+
+def test_a_resume_with_fewer_trials_than_the_search_ran_is_refused_naming_them(base_sweep):
+    """More trials extend a finished search (tests/test_search_growth.py); fewer cannot take trials back."""
+    before = record_of(base_sweep)
+    proc, _ = in_process([*base_sweep["args"], "--trials", "1", "--resume"])
+    line = one_line_refusal(proc)
+    assert "--resume: --trials: this sweep's search ran 2 trials, got 1; give at least 2" in line
+    assert record_of(base_sweep) == before
 
 
 def test_a_resume_of_the_finished_sweep_with_its_own_flags_says_so_and_changes_nothing(base_sweep):

@@ -14,7 +14,7 @@ E2E_FIXTURES = frozenset({"sweep_env", "mlflow_server"})  # a raybench subproces
 E2E_MODULES = frozenset({
     "test_asha", "test_benchmark", "test_cluster", "test_converge", "test_fault_tolerance", "test_interrupt",
     "test_mlflow_ui", "test_mlflow_ui_start", "test_multinode", "test_new_algorithm", "test_packaging",
-    "test_plugins", "test_ray_session", "test_self_training_health", "test_signals", "test_spuco_sweep",
+    "test_plugins", "test_ray_session", "test_search_growth", "test_self_training_health", "test_signals", "test_spuco_sweep",
     "test_spuco_tables", "test_ssl_sweeps", "test_storage_full", "test_sweep_e2e", "test_sweep_ownership",
     "test_sweep_safety", "test_tracking_outage", "test_train_path", "test_trial_slots", "test_wilds_datasets",
 })

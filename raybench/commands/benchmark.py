@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import queue
 import signal
@@ -41,12 +42,15 @@ from raybench.records import PairState, RecordError, SweepState, SweepSummary
 from raybench.registry import UnknownNameError
 from raybench.report import renderers
 from raybench.report.document import Column, Document, Heading, Lines, RowGroup, Table, Text
+from raybench.report.forecast import Forecast, forecast_text
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.converge import ConvergeRule, Counted, counting_attempt
 from raybench.sweep.errors import OptionError, SweepExists
+from raybench.sweep.extension import EXTENSION_KEY
 from raybench.sweep.options import SweepOptions, command_words, setting_word
 from raybench.sweep.progress import LiveBoard, Row, duration, live_board
 from raybench.sweep.progress import say as say_shown
+from raybench.sweep.spending import BUDGET_KEY, GPU, SpendLimit
 from raybench.sweep.trial_slots import lock_problem, make_slots
 
 STATE_FILE = "benchmark.json"
@@ -76,6 +80,7 @@ class BenchmarkOptions:
     converge: ConvergeRule | None = None  # --converge / --converge-attempts; None: the file's `converge:`, if any
     # The formats the comparison is written in (raybench.report.renderers.FORMATS); empty: every registered one
     compare_formats: tuple[str, ...] = ()
+    budget: SpendLimit | None = None  # --budget: the whole benchmark's, shared out among its pairs (budget_share)
 
     def __post_init__(self) -> None:
         comparison_formats(self.compare_formats)  # an unknown one is refused before any pair runs
@@ -176,7 +181,7 @@ def summary_status(storage: Path, pair: Pair, rule: ConvergeRule | None = None,
         return None, str(err)
     if record is not None:  # without a rule (a resume may leave it out) the pair's own sweep counts
         record.counted, record.epochs_scale = (counted.name, counted.epochs_scale) if rule else ("", 1.0)
-    return finished_status(counted.summary), ""
+    return finished_status(counted.summary, pair.trials), ""
 
 
 def one_line(text: str, length: int = 200) -> str:
@@ -184,15 +189,27 @@ def one_line(text: str, length: int = 200) -> str:
     return line if len(line) <= length else line[:length] + "..."
 
 
-def finished_status(summary: SweepSummary | None) -> tuple[PairState, str] | None:
-    """(status, reason) of a pair whose sweep wrote final results; None while it has not. A pair that selected
+def finished_status(summary: SweepSummary | None, trials: int | None = None) -> tuple[PairState, str] | None:
+    """(status, reason) of a pair whose sweep wrote final results; None while it has not, or while its search ran
+    fewer than `trials` configs (the benchmark file grew it: the sweep extends its search). A pair that selected
     nothing failed; its reason lists why its trials failed (or the statuses they ended with)."""
     if summary is None or summary.state != SweepState.FINISHED:
+        return None
+    if trials is not None and trials > trials_asked(summary):
         return None
     if summary.selected is None:
         reasons = sorted({t.failure_reason or t.status.value for t in summary.trials})
         return PairState.FAILED, f"no trial finished ({'; '.join(r for r in reasons if r)[:300] or 'no trials'})"
     return PairState.FINISHED, ""
+
+
+def trials_asked(summary: SweepSummary) -> int:
+    """The configs a finished sweep's search was asked for: its last extent, or its --trials where --budget cut it
+    (both in summary.report), else the trials it ran."""
+    report = summary.report or {}
+    extents = (report.get(EXTENSION_KEY) or {}).get("extents") or []
+    asked = (report.get(BUDGET_KEY) or {}).get("trials_asked")
+    return int(extents[-1] if extents else asked if isinstance(asked, int) else len(summary.trials))
 
 
 def runs_done(storage: Path, pair: Pair, rule: ConvergeRule | None = None) -> int:
@@ -295,6 +312,40 @@ def grid_change(saved: dict[str, Any], current: dict[str, Any], shown: int = 4) 
     return "; ".join(changes[:shown]) + more
 
 
+def grown_pairs(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Pair -> (trials it had, trials it has) when the only change to the grid is pairs' trials going up: such a
+    grid is extended (each pair's sweep extends its search, raybench.sweep.extension), not changed. Empty
+    otherwise."""
+    old, new = saved.get("pairs"), current["pairs"]
+    if not isinstance(old, dict) or set(old) != set(new):
+        return {}
+    if any(saved.get(key) != current[key] for key in ("selection", "seed", "executor", "smoke")):
+        return {}
+    grown = {}
+    for name, now in new.items():
+        was = old[name] if isinstance(old[name], dict) else {}
+        if {k: v for k, v in was.items() if k != "trials"} != {k: v for k, v in now.items() if k != "trials"}:
+            return {}
+        if not isinstance(was.get("trials"), int) or now["trials"] < was["trials"]:
+            return {}
+        if now["trials"] > was["trials"]:
+            grown[name] = (was["trials"], now["trials"])
+    return grown
+
+
+def budget_share(budget: SpendLimit | None, benchmark: Benchmark) -> str | None:
+    """Each pair's --budget: GPU-hours add up, so each of the N pairs gets 1/N; wall-clock passes as the pairs
+    run, `sweeps_at_once` beside each other, so each gets the budget over the waves of pairs. Every pair counts
+    its own spending from its own records, so a resumed benchmark holds each share."""
+    if budget is None:
+        return None
+    pairs = len(benchmark.pairs)
+    if budget.unit == GPU:
+        return f"{budget.seconds / 3600 / pairs:.6g}gpu-h"
+    waves = math.ceil(pairs / max(benchmark.sweeps_at_once, 1))
+    return f"{budget.seconds / waves:.6g}s"
+
+
 def check_storage(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
     """A new benchmark never lands on an old one's records, and --resume needs one; names stay inside storage.
 
@@ -351,9 +402,14 @@ def _resume_notes(benchmark: Benchmark, options: BenchmarkOptions) -> list[str]:
                 f"results say whether it finished")]
     if saved.grid is None:  # recorded before grids were: nothing to compare with
         return []
-    change = grid_change(saved.grid, json.loads(json.dumps(grid_record(benchmark))))
+    current = json.loads(json.dumps(grid_record(benchmark)))
+    change = grid_change(saved.grid, current)
     if change is None:
         return []
+    grown = grown_pairs(saved.grid, current)
+    if grown:
+        return [f"{name}: its search grows from {was} to {now} trials (the next configs of the same seeded stream)"
+                for name, (was, now) in grown.items()]
     if not options.force:
         raise OptionError(f"--resume: {benchmark.path} changed since benchmark {benchmark.name!r} started ({change}); "
                           f"resume with the file it started with, or pass --force to go on under this one")
@@ -394,6 +450,7 @@ def pair_settings(pair: Pair, benchmark: Benchmark, options: BenchmarkOptions, t
             "selection": benchmark.selection, "executor": benchmark.executor, "smoke": benchmark.smoke,
             "extra_fixed": {key: setting_word(value) for key, value in pair.fixed.items()},
             "parent_run": target.parent_run, "resume": resume, "spaces": options.spaces,
+            "budget": budget_share(options.budget, benchmark),
             "progress_every": options.progress_every_s, **concurrency(benchmark, target)}
 
 
@@ -785,10 +842,11 @@ def copy_importance_charts(records: Sequence[Any], storage: Path, directory: Pat
     return copied
 
 
-def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = (), rule: ConvergeRule | None = None) -> str:
+def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = (), rule: ConvergeRule | None = None,
+              forecast: Forecast | None = None) -> str:
     """What the benchmark would run, without running it (`raybench benchmark FILE --plan`); each pair that could
     not be bound to its dataset here (`bind_pairs`) says so. `rule`: the convergence rule the command line gives
-    (else the file's)."""
+    (else the file's); `forecast`: its runtime forecast (`--calibrate`), printed under the rest."""
     rule = rule if rule is not None else benchmark.converge
     unchecked = {b.pair.sweep: b.unchecked for b in bindings if b.unchecked}
     lines = [(f"benchmark {benchmark.name} ({benchmark.path}): {len(benchmark.pairs)} sweeps, at most "
@@ -808,6 +866,8 @@ def plan_text(benchmark: Benchmark, bindings: Sequence[Binding] = (), rule: Conv
         lines += [f"  {reason}" for reason in dict.fromkeys(unchecked.values())]
     if benchmark.refused:
         lines += ["", "not run:"] + [f"  {r.method} on {r.dataset}: {r.reason}" for r in benchmark.refused]
+    if forecast is not None:
+        lines += ["", forecast_text(forecast)]
     return "\n".join(lines)
 
 

@@ -17,7 +17,9 @@ from raybench.paths import write_atomically, write_text_atomically
 from raybench.records import SweepSummary, TrialRecord, TrialStatus, is_finite_number
 from raybench.report.importance import Importances, markdown_lines, sweep_importances
 from raybench.report_keys import BEST_PREFIX
+from raybench.sweep.extension import extension_words
 from raybench.sweep.outcome import BudgetSummary, RowHealth
+from raybench.sweep.spending import budget_words
 
 
 def split_labels(summary: SweepSummary) -> dict[str, str]:
@@ -161,7 +163,8 @@ def notices(summary: SweepSummary) -> list[str]:
         lines.append(f"Selection is blind: {summary.selection_blind}")
     if summary.selected is not None and summary.selected.selection_note:
         lines.append(f"Held out: {summary.selected.selection_note}")
-    return lines + RowHealth.of(summary).notices() + replicate_rule_lines(summary)
+    return (lines + RowHealth.of(summary).notices() + replicate_rule_lines(summary)
+            + extension_words(summary.report or {}) + budget_words(summary.report or {}))
 
 
 def replicate_rule_lines(summary: SweepSummary) -> list[str]:

@@ -36,6 +36,7 @@ from raybench.settings import default_of
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, converge_attempts, converge_factor
 from raybench.sweep.errors import OptionError
 from raybench.sweep.space_catalog import folder_problem
+from raybench.sweep.spending import budget_text
 from raybench.sweep.trial_slots import slot_folder_problem
 from raybench.words import EXECUTORS, SAMPLERS, SCHEDULERS, SELECTION_RULES
 
@@ -229,7 +230,13 @@ class SweepOptions:
                                           "$RAYBENCH_SPACES, plug-ins' and raybench's own (repeatable)")
     dataset: str = option("digits-shift", flag="--dataset", fixed_on_resume=True)
     trials: int | None = option(None, flag="--trials", parse=positive_int,  # None: 10, or 2 with smoke
-                                help="random configs to try (default 10; 2 with --smoke)", fixed_on_resume=True)
+                                help="random configs to try (default 10; 2 with --smoke); with --resume, more "
+                                     "than a finished sweep ran extends its search with the next configs of the "
+                                     "same seeded stream")  # a resume may grow it: raybench.sweep.extension judges it
+    budget: str | None = option(None, flag="--budget", parse=budget_text, metavar="AMOUNT",
+                                help="stop drawing configs once another trial (and the selected config's "
+                                     "replicates) would not fit: wall-clock (90m, 2h) or GPU-hours (12gpu-h), "
+                                     "counted from the runs' records, so it holds across --resume")
     replicates: int | str | None = option(None, flag="--replicates", parse=count_or_auto, metavar="N|auto",  # None: the dataset's count
                                     help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, "
                                          "else 3; 2 with --smoke), or auto: that many, then one more at a time until "

@@ -9,7 +9,7 @@ imports Ray Tune and Ray Train (their APIs move between releases):
   settings Ray reads from the environment, and the removal of Ray's colour reset at exit.
 - ray_search.py: a stage's Tune experiment. `RunSpec`, `make_trainable`, the searchers (`DistinctOptunaSearch`,
   `QueuedSearch` behind a benchmark's trial queue), the scheduler (`CooperativeASHA`), `run_search`,
-  `run_replicates`, `_fit_or_resume` into a `StageResult`, `cut_short`, the restored trials' ids.
+  `run_replicates`, `run_extension` (a finished search made larger), `_fit_or_resume` into a `StageResult`, `cut_short`, the restored trials' ids.
 - ray_callbacks.py: the Tune callbacks in the sweep's process. `TrackingCallback` (MLflow), `ProgressCallback`,
   `StorageWatch` (a full --storage), `science` (a result without Tune's bookkeeping), the runs' names.
 - ray_collect.py: results back to typed records. `collect` makes each trial's TrialRecord from one source, its
@@ -65,6 +65,7 @@ from raybench.sweep.ray_search import (
     RunSpec,
     cut_short,
     make_trainable,
+    run_extension,
     run_replicates,
     run_search,
 )
@@ -73,6 +74,6 @@ from raybench.sweep.ray_trial import EarlyStopping, Resources, TrainPath
 __all__ = [  # what the runner, the benchmark, the sweep process and benchmarks/ use; and the classes Tune pickles
     "CooperativeASHA", "DistinctOptunaSearch", "EarlyStopping", "ProgressCallback", "QueuedSearch", "Resources",
     "RunRecords", "RunSpec", "StorageWatch", "TrackingCallback", "TrainPath", "capacity_words", "check_resources",
-    "collect", "connect", "cut_short", "make_trainable", "node_temp_dir", "probe_address", "run_replicates",
+    "collect", "connect", "cut_short", "make_trainable", "node_temp_dir", "probe_address", "run_extension", "run_replicates",
     "run_search", "shutdown", "start_shared_cluster",
 ]

@@ -23,9 +23,10 @@ from typing import Any
 import optuna
 from ray import tune
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
-from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, SearchGenerator
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, Searcher, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
+from raybench.records import TrialRecord
 from raybench.report_keys import SELECTION_BEST
 from raybench.sweep import state_seal
 from raybench.sweep.atomic_storage import atomic_local_filesystem
@@ -43,8 +44,9 @@ from raybench.sweep.ray_trial import (
     train_driver,
 )
 from raybench.sweep.ray_worker import EPOCHS_DONE, FAILURE_KEY
-from raybench.sweep.sampling import SAMPLERS, first_unseen, optuna_distribution
+from raybench.sweep.sampling import SAMPLERS, config_key, first_unseen, optuna_distribution
 from raybench.sweep.space import ResolvedSpace
+from raybench.sweep.spending import SpendGate
 from raybench.sweep.trial_slots import TrialSlots
 
 
@@ -144,11 +146,42 @@ class DistinctOptunaSearch(OptunaSearch):
         super().__init__(*args, **kwargs)
         self._handed_out: set[str] = set()
 
-    def suggest(self, trial_id: str) -> dict | None:
+    def suggest(self, trial_id: str) -> dict | str | None:
+        """The next config, or FINISHED once the running fit's --budget cannot fit another trial (SpendGate)."""
         def reject() -> None:
             self._ot_study.tell(self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.PRUNED)
 
-        return first_unseen(lambda: super(DistinctOptunaSearch, self).suggest(trial_id), reject, self._handed_out)
+        gate = _SPEND_GATE[-1] if _SPEND_GATE else None
+        if gate is not None and not gate.may_draw(len(self._handed_out)):
+            return Searcher.FINISHED
+        config = first_unseen(lambda: super(DistinctOptunaSearch, self).suggest(trial_id), reject, self._handed_out)
+        if gate is not None and config is not None:
+            gate.started(trial_id)
+        return config
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        super().on_trial_complete(trial_id, result=result, error=error)
+        if _SPEND_GATE:
+            _SPEND_GATE[-1].ended(trial_id)
+
+    def handed_out(self, config: dict[str, Any]) -> None:
+        """Count `config` as handed out already (a trial run by an earlier experiment of the same search)."""
+        self._handed_out.add(config_key(config))
+
+
+_SPEND_GATE: list[SpendGate] = []  # the running fit's --budget (one fit at a time in a process), for the searcher
+
+
+@contextlib.contextmanager
+def spending_watched(gate: SpendGate | None) -> Iterator[None]:
+    """`gate` judges every config the fit's searcher hands out, also the searcher Tune restores from its state."""
+    if gate is not None:
+        _SPEND_GATE.append(gate)
+    try:
+        yield
+    finally:
+        if gate is not None:
+            _SPEND_GATE.remove(gate)
 
 
 # ----- experiments -------------------------------------------------------------------------------------------
@@ -248,7 +281,8 @@ def tune_caught_a_signal(handler_before_fit: Any) -> bool:
     return signal.getsignal(signal.SIGINT) is handler_before_fit
 
 
-def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, seed: int, resume: bool) -> StageResult:
+def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, seed: int, resume: bool,
+               gate: SpendGate | None = None) -> StageResult:
     """Random (or TPE) search with Optuna through Tune's OptunaSearch; trials select on `selection/best`.
     A space whose every searched setting was fixed (`--set`) has one config: it runs once, unsearched."""
     trainable = make_trainable(space, spec)
@@ -268,7 +302,59 @@ def run_search(space: ResolvedSpace, spec: RunSpec, trials: int, sampler: str, s
             run_config=_run_config(spec),
         )
 
-    return _fit_or_resume(spec, trainable, make_tuner, resume)
+    with spending_watched(gate):
+        return _fit_or_resume(spec, trainable, make_tuner, resume)
+
+
+def run_extension(space: ResolvedSpace, spec: RunSpec, earlier: list[TrialRecord], count: int, sampler: str,
+                  seed: int, resume: bool, gate: SpendGate | None = None) -> StageResult:
+    """The next `count` configs of a search whose first trials (`earlier`, in order) already ran, as their own
+    Tune experiment (raybench.sweep.extension says why). A resumed extension restores its own searcher."""
+    trainable = make_trainable(space, spec)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    searcher = replayed_searcher(space, sampler, seed, earlier)
+
+    def make_tuner() -> tune.Tuner:
+        search, limit = _search_algorithm(searcher, spec)
+        return tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(search_alg=search, num_samples=count, max_concurrent_trials=limit,
+                                        scheduler=_scheduler(spec), reuse_actors=_reuse_actors(spec)),
+            run_config=_run_config(spec),
+        )
+
+    with spending_watched(gate):
+        return _fit_or_resume(spec, trainable, make_tuner, resume)
+
+
+REPLAYED_SAMPLERS = ("random",)  # those whose draws do not depend on results: replayed draw for draw
+
+
+def replayed_searcher(space: ResolvedSpace, sampler: str, seed: int,
+                      earlier: list[TrialRecord]) -> DistinctOptunaSearch:
+    """A fresh searcher standing where the search's own stood after `earlier`. The random sampler is asked for
+    the same configs again, draw for draw (repeats redrawn as then), so its next draw is config N+1 of the same
+    seeded stream. TPE's draws depend on results and on the order they came in, which no replay can repeat:
+    each earlier trial is told to it with its result (Tune's add_evaluated_point), and it draws from there."""
+    searcher = DistinctOptunaSearch(
+        space={name: optuna_distribution(p) for name, p in space.search.items()},
+        metric=SELECTION_BEST, mode="max", sampler=SAMPLERS[sampler](seed))
+    for index, trial in enumerate(earlier):
+        if sampler in REPLAYED_SAMPLERS:
+            replay_id = f"replayed-{index}"
+            searcher.suggest(replay_id)
+            searcher.on_trial_complete(replay_id, _told_result(trial), error=trial.selection_value is None)
+            searcher.handed_out(trial.sampled)  # as run, should a resumed earlier search have drawn otherwise
+        else:
+            value = trial.selection_value
+            searcher.add_evaluated_point(dict(trial.sampled), value if value is not None else 0.0,
+                                         error=value is None)
+            searcher.handed_out(trial.sampled)
+    return searcher
+
+
+def _told_result(trial: TrialRecord) -> dict[str, Any] | None:
+    return {SELECTION_BEST: trial.selection_value} if trial.selection_value is not None else None
 
 
 def run_replicates(space: ResolvedSpace, spec: RunSpec, sampled: dict[str, Any], seeds: list[int],

@@ -49,6 +49,15 @@ from raybench.sweep import options as sweep_options
 from raybench.sweep import outcome, progress, state_seal
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, Attempt, ConvergeRule, run_until_converged, scale_text
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
+from raybench.sweep.extension import (
+    ExtentError,
+    extension_record,
+    extension_suffix,
+    planned_extents,
+    read_extents,
+    supersessions,
+    write_extents,
+)
 from raybench.sweep.local_cluster import check_local_cluster
 from raybench.sweep.options import (  # SweepOptions is imported from here too
     DEFAULT_REPLICATES_CAP,
@@ -70,6 +79,16 @@ from raybench.sweep.space import (
     midpoints,
     sweep_space,
 )
+from raybench.sweep.spending import (
+    CUT_FILE,
+    BudgetCut,
+    SpendGate,
+    SpendLimit,
+    budget_record,
+    parse_spend_limit,
+    read_cut,
+    sweep_runs,
+)
 from raybench.tracking import (
     LOCK_TAG,
     PROCESS_STATS,
@@ -77,6 +96,7 @@ from raybench.tracking import (
     RUN_FAILED,
     RUN_FINISHED,
     RUN_KILLED,
+    SUPERSEDED_TAG,
     TRIAL_JOURNAL,
     RecordedSweep,
     SweepTracker,
@@ -139,6 +159,10 @@ class Prepared:
     attempts: list[ConvergenceAttempt] = dataclasses.field(default_factory=list)
     replicate_rule: SequentialRule | None = None  # --replicates auto: add seeds until decided against the baseline
     baseline_values: tuple[float, ...] = ()  # the baseline sweep's replicate values on the ranking column
+    # The trial counts the search runs to: (--trials,), or those of a search that --resume --trials extends
+    extents: tuple[int, ...] = ()
+    spend_limit: SpendLimit | None = None  # --budget
+    budget_cut: BudgetCut | None = None  # where --budget stopped the search drawing
 
 
 def dataset_for_trials(options: SweepOptions, space: SearchSpace) -> ShiftDataset:
@@ -171,7 +195,7 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     selection = SELECTIONS.get(options.selection)
     metric = selection.metric(dataset)
     trials = options.trials if options.trials is not None else (2 if options.smoke else 10)
-    default_replicates = 2 if options.smoke else (dataset.defaults.replicates or 3)  # camelyon17: 10, as the paper
+    default_replicates = replicates_by_default(options.smoke, dataset)
     auto = options.replicates == AUTO
     replicates = default_replicates if options.replicates in (None, AUTO) else options.replicates
     options = dataclasses.replace(options, trials=trials, replicates=replicates)
@@ -208,7 +232,14 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     baseline = baseline_values(options, uri, ranking_key(layout["columns"])) if rule is not None else ()
     check_local_cluster(options)  # last: it may import Ray's resource module, which the start needs next anyway
     return Prepared(options, name, resolved, space.algorithm, metric, selection.label(dataset), list(dataset.metric_names), uri, storage,
-                    dry_run.epochs, layout, replicate_rule=rule, baseline_values=baseline)
+                    dry_run.epochs, layout, replicate_rule=rule, baseline_values=baseline,
+                    spend_limit=parse_spend_limit(options.budget) if options.budget else None)
+
+
+def replicates_by_default(smoke: bool, dataset: ShiftDataset) -> int:
+    """The replicates a sweep runs without --replicates: 2 with --smoke, else the dataset's count (camelyon17: 10,
+    as the paper) or 3."""
+    return 2 if smoke else (dataset.defaults.replicates or 3)
 
 
 def replicate_rule(options: SweepOptions) -> SequentialRule:
@@ -460,12 +491,8 @@ def changed_flag(recorded: dict[str, str], given: dict[str, str]) -> str | None:
         was, now = recorded.get(key, NOT_RECORDED), given.get(key, NOT_RECORDED)
         if _same_value(was, now):
             continue
-        if key == "trials":
-            why = ("Tune's restore continues the search it started and cannot extend it; for more trials start a "
-                   "new sweep with another --name")
-        else:
-            why = ("a resume continues the recorded sweep unchanged: give the flags it was started with, or start "
-                   "a new sweep with another --name")
+        why = ("a resume continues the recorded sweep unchanged: give the flags it was started with, or start "
+               "a new sweep with another --name")
         return f"--resume: {_flag_of(key)} was {was} when this sweep started, got {now}; {why}"
     return None
 
@@ -560,11 +587,46 @@ def run_sweep(prepared: Prepared, recorder: SweepRecorder) -> SweepSummary:
     with take_sweep_lock(prepared) as lock:
         recorded = find_recorded_sweep(prepared.tracking_uri, prepared.name)
         check_recorded(prepared, recorded)
-        finished = finished_summary(prepared, recorded)
-        if finished is not None:
+        if not extend_if_asked(prepared, recorded) and (finished := finished_summary(prepared, recorded)) is not None:
             announce(f"sweep {prepared.name}: already finished; nothing to resume (its results, as recorded)")
             return finished
         return _run_locked(prepared, lock, recorder)
+
+
+def recorded_extents(prepared: Prepared, recorded: RecordedSweep | None) -> tuple[int, ...]:
+    """The counts the recorded sweep's search ran to; a new sweep's is its --trials."""
+    if recorded is None:
+        return (prepared.options.trials,)
+    try:
+        started_with = int(recorded.params.get("trials", prepared.options.trials))
+    except ValueError:
+        started_with = prepared.options.trials
+    return read_extents(prepared.storage, prepared.name, started_with)
+
+
+def extend_if_asked(prepared: Prepared, recorded: RecordedSweep | None) -> bool:
+    """Set the search's extents; True when this run extends the recorded search, whose new count is then written
+    before anything runs (a signal in the extension leaves it resumable as the extension it is)."""
+    before = recorded_extents(prepared, recorded)
+    try:
+        prepared.extents = planned_extents(before, prepared.options.trials)
+    except ExtentError as err:
+        raise OptionError(str(err)) from None
+    if prepared.extents == before:
+        return False
+    if not prepared.space.search:
+        raise OptionError(f"--trials: sweep {prepared.name!r} searches nothing (one config), so it cannot be "
+                          f"extended; expected --trials {before[-1]}")
+    last = prepared.storage / f"{prepared.name}-{SEARCH_STAGE}{extension_suffix(before[-1]) if len(before) > 1 else ''}"
+    cut = read_cut(last)
+    if cut is not None:
+        raise OptionError(f"--trials: sweep {prepared.name!r}'s search was cut by its --budget at {cut.drawn} of "
+                          f"{before[-1]} configs, so it has no next config to extend from; expected --trials "
+                          f"{before[-1]} (a resume then finishes it as it stands)")
+    write_extents(prepared.storage, prepared.name, prepared.extents)
+    announce(f"sweep {prepared.name}: extending its search from {before[-1]} to {prepared.extents[-1]} trials "
+             f"(configs {before[-1] + 1}..{prepared.extents[-1]} of the same seeded stream)")
+    return True
 
 
 def _run_locked(prepared: Prepared, lock: HeldLock, recorder: SweepRecorder) -> SweepSummary:
@@ -707,12 +769,23 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
         return run.with_callbacks(callback, shown)
 
     asha = backend.EarlyStopping(opts.grace_period, opts.reduction_factor, prepared.epochs) if opts.scheduler == "asha" else None
-    search = spec(SEARCH_STAGE, opts.trials if prepared.space.search else 1, early_stopping=asha)
-    trials, cut_short = _stage_records(
-        backend, lambda: backend.run_search(prepared.space, search, opts.trials, opts.sampler, opts.seed, opts.resume),
-        prepared.space, search)
-    _raise_if_interrupted(prepared, tracker, recorder, "search", trials, opts.trials, started, cut_short)
+    trials: list[TrialRecord] = []
+    budget_cut: BudgetCut | None = None
+    for earlier, count in zip((0, *prepared.extents), prepared.extents or (opts.trials,)):
+        more, cut_short, budget_cut = _search_stage(prepared, backend, spec, asha, trials, earlier, count)
+        trials += more
+        drawn = min(count, budget_cut.drawn) if budget_cut else count
+        _raise_if_interrupted(prepared, tracker, recorder, "search", trials, drawn, started, cut_short)
+        if budget_cut is not None:  # the last stage: a search cut by its budget is never extended (extend_if_asked)
+            announce(f"search: the budget ({prepared.spend_limit.words() if prepared.spend_limit else ''}) fits no "
+                     f"more trials: {budget_cut.drawn} of {opts.trials} configs drawn, {opts.trials - budget_cut.drawn} "
+                     f"cut, at {budget_cut.per_trial_s:g} s a trial with {budget_cut.replicates} replicate runs kept")
+            break
+    prepared.budget_cut = budget_cut
     selected = outcome.select_best(trials)
+    for change in supersessions(trials, prepared.extents):
+        announce(f"search: the selection changed with the extension to {change.trials} trials: {change.words()}")
+        tracker.set_tags(tracker.parent_id, {SUPERSEDED_TAG: change.words()})
     replicates: list[TrialRecord] = []
     seeds: list[int] = []
     if selected is not None and opts.replicates > 0:
@@ -742,6 +815,39 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
     summary.tracking = PROCESS_STATS.since(tracking_before).as_dict()
     recorder.record(prepared, tracker, summary, trials, replicates, selected)
     return summary
+
+
+def _search_stage(prepared: Prepared, backend: Any, spec: Callable[..., Any], asha: Any, trials: list[TrialRecord],
+                  earlier: int, count: int) -> tuple[list[TrialRecord], bool, BudgetCut | None]:
+    """The search's trials from `earlier` to `count`, whether Tune cut the stage short, and where --budget stopped
+    it drawing: the sweep's own search, or an extension of it (its trials numbered after the earlier ones, so ties
+    and extents read the order they were drawn in)."""
+    opts = prepared.options
+    if earlier == 0:
+        run = spec(SEARCH_STAGE, count if prepared.space.search else 1, early_stopping=asha)
+    else:
+        run = spec(SEARCH_STAGE, count - earlier, extension_suffix(count), early_stopping=asha)
+    gate = spend_gate(prepared, run.name)
+
+    def stage() -> Any:
+        if earlier == 0:
+            return backend.run_search(prepared.space, run, count, opts.sampler, opts.seed, opts.resume, gate)
+        return backend.run_extension(prepared.space, run, list(trials), count - earlier, opts.sampler, opts.seed,
+                                     opts.resume, gate)
+
+    records, cut_short = _stage_records(backend, stage, prepared.space, run)
+    return ([dataclasses.replace(r, order=r.order + earlier) for r in records], cut_short,
+            read_cut(prepared.storage / run.name))
+
+
+def spend_gate(prepared: Prepared, stage: str) -> SpendGate | None:
+    """--budget's judge of the search stage `stage` (raybench.sweep.spending), counting every run of the sweep."""
+    opts, limit = prepared.options, prepared.spend_limit
+    if limit is None:
+        return None
+    return SpendGate(limit, lambda: sweep_runs(prepared.storage, prepared.name), opts.replicates,
+                     opts.max_concurrent, opts.workers_per_trial * opts.gpus_per_worker,
+                     prepared.storage / stage / CUT_FILE)
 
 
 def replicates_until_settled(prepared: Prepared, selected: TrialRecord, replicates: list[TrialRecord],
@@ -844,7 +950,11 @@ def _summary(prepared: Prepared, trials: list[TrialRecord], selected: TrialRecor
         raybench_version=raybench.__version__,
         selection=Selection(strategy, prepared.selection_metric, prepared.selection_label,
                             SELECTIONS.get(strategy).analysis_only),
-        metric_names=prepared.metric_names, report={**prepared.report, **replicate_rule_record(prepared, replicates)},
+        metric_names=prepared.metric_names, report={**prepared.report, **replicate_rule_record(prepared, replicates),
+                                                    **extension_record(prepared.extents, trials),
+                                                    **budget_record(prepared.spend_limit, prepared.options.trials,
+                                                                    prepared.budget_cut,
+                                                                    sweep_runs(prepared.storage, prepared.name))},
         trials=trials, selected=selected,
         replicates=Replicates(seeds, sum(r.status == TrialStatus.OK for r in replicates), replicates,
                               outcome.summarize(replicates)),

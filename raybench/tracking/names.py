@@ -34,6 +34,7 @@ STORAGE_TAG = "raybench.storage"  # the --storage folder (resolved) whose driver
 # The sweep lock on --storage that its driver holds, and who (host, pid) took it: set while the driver runs the
 # sweep, removed when it ends the sweep (whatever the status), so a finished sweep names no lock holder.
 LOCK_TAG = "raybench.lock"
+SUPERSEDED_TAG = "raybench.superseded"  # an extended search's selection that replaced the earlier one, in words
 METHOD_STAGE_TAG = "raybench.method_stage"  # which earlier stage of a multi-stage method a stage run is
 FAILURE_TAG = "failure_reason"
 DESCRIPTION_TAG = "mlflow.note.content"  # the run page's Description panel (Markdown)
