@@ -37,7 +37,7 @@ def test_more_trials_add_an_extent_the_same_keep_them_and_fewer_are_refused_in_o
     with pytest.raises(ExtentError) as refused:
         planned_extents((4, 6), 5)
     assert str(refused.value).count("\n") == 0
-    assert "ran 6 trials (extended from 4), got 5" in str(refused.value)
+    assert "ran 6 trials (extended from 4), got 5; give at least 6 (more extends it)" in str(refused.value)
 
 
 def test_extents_are_read_back_as_written_and_a_damaged_file_falls_back_to_the_recorded_trials(tmp_path):

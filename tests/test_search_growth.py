@@ -152,3 +152,40 @@ def test_a_budget_of_a_few_trials_cuts_the_search_and_holds_through_sigterm_and_
     grown = run_cli([*args, "--resume", "--trials", "14"], env, tmp_path)  # nothing after a cut to grow from
     assert grown.returncode == 2 and len(grown.stderr.strip().splitlines()) == 1, grown.stderr
     assert f"was cut by its --budget at {record['trials_drawn']} of 12 configs" in grown.stderr
+
+
+def test_auto_replicates_add_seeds_to_the_named_baseline_sweep_as_to_this_one(store_uri, tmp_path, ray_head):
+    """`--replicates auto --baseline base`: each look grows the baseline sweep to the same count (a resume of it
+    with more replicates, in this driver), so both sides have as many seeds; a baseline resumed by hand with
+    `--replicates 5` adds the next seeds of its selected config's stream."""
+    storage, env = tmp_path / "runs", ray_head.env
+    base = run_cli(_args("base", store_uri, storage, ray_head, "--trials", "2"), env, tmp_path)
+    assert base.returncode == 0, base.stderr[-4000:]
+    mine = run_cli(_args("mine", store_uri, storage, ray_head, "--trials", "2", "--seed", str(SEED + 1),
+                         "--replicates", "auto", "--replicates-cap", "4", "--baseline", "base"), env, tmp_path)
+    assert mine.returncode == 0, mine.stderr[-4000:]
+    record = _summary(storage, "mine")["report"]["replicate_rule"]
+    baseline = _summary(storage, "base")
+    selected = baseline["selected"]["trial_id"]
+    # auto's first look is the dataset's 3 replicates, the baseline's own 2 grown to 3 before it; a second look
+    # (4 seeds) comes exactly when the first did not decide, with the baseline grown to 4 before it
+    assert record["replicates"] in (3, 4)
+    assert len(baseline["replicates"]["runs"]) == record["baseline_replicates"] == record["replicates"]
+    assert baseline["replicates"]["seeds"] == outcome.replicate_seeds(selected, record["replicates"])
+    assert (storage / f"base-replicate-{selected}-to3").is_dir()
+    assert (storage / f"base-replicate-{selected}-to4").is_dir() == (record["replicates"] == 4)
+    assert record["baseline_grown"] is True and record["baseline_not_grown"] is None
+    client = MlflowClient(tracking_uri=store_uri)
+    [parent] = client.search_runs([client.get_experiment_by_name("raybench").experiment_id],
+                                  "tags.`raybench.sweep` = 'base' and tags.stage = 'sweep'")
+    assert parent.info.status == "FINISHED" and "raybench.lock" not in parent.data.tags
+
+    by_hand = run_cli(_args("base", store_uri, storage, ray_head, "--trials", "2", "--replicates", "5", "--resume"),
+                      env, tmp_path)
+    assert by_hand.returncode == 0, by_hand.stderr[-4000:]
+    assert f"adding replicates, from {record['replicates']} to 5 seeds" in by_hand.stdout
+    grown = _summary(storage, "base")
+    assert grown["replicates"]["seeds"] == outcome.replicate_seeds(selected, 5)
+    assert sorted(r["seed"] for r in grown["replicates"]["runs"]) == sorted(outcome.replicate_seeds(selected, 5))
+    assert json.loads((storage / "base" / "search.json").read_text())["replicates"][-1] == 5
+    assert grown["trials"] == baseline["trials"]  # the search untouched

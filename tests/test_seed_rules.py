@@ -96,8 +96,9 @@ def replicate(seed: int, value: float):
                        metrics={"best/test/acc": value})
 
 
-def settle(values_of_seed, baseline: list[float], first: int = 3, cap: int = 6):
-    """replicates_until_settled on a fake stage: each look's seeds score values_of_seed(seed)."""
+def settle(values_of_seed, baseline: list[float], first: int = 3, cap: int = 6, grow=None):
+    """replicates_until_settled on a fake stage: each look's seeds score values_of_seed(seed); `grow` (count ->
+    the baseline's values) stands for the baseline sweep resumed with more replicates."""
     from types import SimpleNamespace
 
     from raybench.sweep import runner
@@ -114,7 +115,7 @@ def settle(values_of_seed, baseline: list[float], first: int = 3, cap: int = 6):
 
     replicates, seeds = runner.replicates_until_settled(
         prepared, SimpleNamespace(trial_id="t1"), [replicate(s, values_of_seed(s)) for s in seeds], seeds, look,
-        lambda runs, ran, cut: checks.append(len(ran)))
+        lambda runs, ran, cut: checks.append(len(ran)), grow)
     return replicates, seeds, looks, checks
 
 
@@ -133,6 +134,41 @@ def test_auto_replicates_run_to_the_cap_when_nothing_differs_each_look_one_seed_
     assert seeds == replicate_seeds("t1", 6) and len(replicates) == 6
     assert [(len(new), total) for new, total in looks] == [(1, 4), (1, 5), (1, 6)]
     assert checks == [4, 5, 6]  # every look checked for an interruption, with all seeds so far
+
+
+def test_the_baseline_is_grown_to_each_looks_count_before_the_look_so_both_sides_have_as_many_seeds():
+    rng = np.random.default_rng(4)
+    baseline = list(rng.normal(0.5, 0.05, 12))
+    grown, sides = [], []
+
+    def grow(count):
+        grown.append(count)
+        return tuple(baseline[:count])
+
+    def score(seed):
+        sides.append(len(grown))
+        return float(rng.normal(0.5, 0.05))
+
+    _, seeds, looks, _ = settle(score, baseline[:3], grow=grow)
+    assert grown == [total for _, total in looks] == [4, 5, 6] and len(seeds) == 6
+    assert sides[3:] == [1, 2, 3]  # each look's seed scored after the baseline was grown to that look's count
+
+
+def test_a_baseline_with_fewer_replicates_than_the_first_look_is_grown_before_the_first_decision():
+    grown = []
+
+    def grow(count):
+        grown.append(count)
+        return (0.90, 0.91, 0.89)[:count]
+
+    _, seeds, looks, _ = settle(lambda seed: 0.5 + (seed % 7) / 1000, [0.90, 0.91], grow=grow)
+    assert grown == [3] and looks == [] and len(seeds) == 3  # decided at the first look, 3 against 3
+
+
+def test_a_baseline_with_more_replicates_than_the_look_needs_is_not_grown():
+    grown = []
+    settle(lambda seed: 0.5 + (seed % 5) / 100, [0.5, 0.52, 0.48, 0.51, 0.49, 0.5], grow=grown.append)
+    assert grown == []
 
 
 def test_auto_replicates_are_refused_without_a_baseline_and_its_flags_without_auto(tmp_path):

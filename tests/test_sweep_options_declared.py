@@ -277,8 +277,8 @@ def test_the_benchmark_passes_the_flags_it_always_passed():
 
 # What a --resume may not change: what is trained (dataset, smoke, space), how the search and selection run, and
 # the MLflow experiment its runs are filed under (a resume finds its runs there). Not --trials: a resume may grow the
-# search (raybench.sweep.extension judges it, tests/test_extension.py).
-DECIDE_WHAT_IS_TRAINED = {"dataset", "replicates", "seed", "sampler", "workers_per_trial", "smoke",
+# search, and --replicates the selected config's seeds (raybench.sweep.extension judges both, tests/test_extension.py).
+DECIDE_WHAT_IS_TRAINED = {"dataset", "seed", "sampler", "workers_per_trial", "smoke",
                           "executor", "selection", "scheduler", "grace_period", "reduction_factor", "experiment",
                           "replicates_cap", "baseline"}
 

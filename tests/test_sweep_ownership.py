@@ -164,7 +164,6 @@ def test_a_new_sweep_of_an_existing_name_in_the_store_is_refused_from_another_st
 # ----- a resume keeps the recorded flags ----------------------------------------------------------------------
 @pytest.mark.parametrize("extra, flag, was, got", [
     (["--seed", "5"], "--seed", "0", "5"),
-    (["--replicates", "2"], "--replicates", "1", "2"),
     (["--sampler", "tpe"], "--sampler", "random", "tpe"),
     (["--selection", "id_val"], "--selection", "ood_val", "id_val"),
     (["--scheduler", "asha"], "--scheduler", "fifo", "asha"),
@@ -179,12 +178,16 @@ def test_a_resume_with_a_changed_flag_is_refused_naming_it(base_sweep, extra, fl
     assert record_of(base_sweep) == before  # still FINISHED, its summary untouched, no run added
 
 
-def test_a_resume_with_fewer_trials_than_the_search_ran_is_refused_naming_them(base_sweep):
-    """More trials extend a finished search (tests/test_search_growth.py); fewer cannot take trials back."""
+def test_a_resume_with_fewer_trials_or_replicates_than_it_ran_is_refused_naming_them(base_sweep):
+    """More trials or replicates extend a finished sweep (tests/test_search_growth.py); fewer cannot take runs back."""
     before = record_of(base_sweep)
     proc, _ = in_process([*base_sweep["args"], "--trials", "1", "--resume"])
     line = one_line_refusal(proc)
     assert "--resume: --trials: this sweep's search ran 2 trials, got 1; give at least 2" in line
+    assert record_of(base_sweep) == before
+    proc, _ = in_process([*base_sweep["args"], "--replicates", "0", "--resume"])
+    line = one_line_refusal(proc)
+    assert "--resume: --replicates: this sweep's selected config ran 1 replicates, got 0; give at least 1" in line
     assert record_of(base_sweep) == before
 
 

@@ -175,6 +175,10 @@ def replicate_rule_lines(summary: SweepSummary) -> list[str]:
     verdict = "decided" if found["decided"] else f"not decided at the cap of {found['cap']}"
     line = (f"Replicates: {found['replicates']}, {verdict} against {found['baseline']} on {found['column']} "
             f"({found['rule']})")
+    if found.get("baseline_grown"):
+        line += f"; the baseline {found['baseline_replicates']} (seeds added to it as to this sweep)"
+    elif found.get("baseline_not_grown"):
+        line += f"; the baseline's {found['baseline_replicates']} replicates as recorded ({found['baseline_not_grown']})"
     return [line]
 
 

@@ -46,34 +46,43 @@ def extents_path(storage: Path, name: str) -> Path:
     return storage / name / EXTENTS_FILE
 
 
-def read_extents(storage: Path, name: str, recorded_trials: int) -> tuple[int, ...]:
-    """The counts the search was run to: the file's, else just the --trials the sweep recorded when it started."""
-    path = extents_path(storage, name)
-    try:
-        counts = json.loads(path.read_text())["extents"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return (recorded_trials,)
-    if not isinstance(counts, list) or not counts or not all(isinstance(c, int) and c > 0 for c in counts):
-        return (recorded_trials,)
+SEARCH_COUNTS, REPLICATE_COUNTS = "extents", "replicates"  # the file's keys: the search's, the replicates' counts
+
+
+def read_extents(storage: Path, name: str, recorded: int, key: str = SEARCH_COUNTS) -> tuple[int, ...]:
+    """The counts the search (or the selected config's replicates, REPLICATE_COUNTS) was run to: the file's, else
+    just the count the sweep recorded when it started."""
+    counts = _recorded_counts(extents_path(storage, name)).get(key)
+    if not isinstance(counts, list) or not counts or not all(isinstance(c, int) and c >= 0 for c in counts):
+        return (recorded,)
     return tuple(counts)
 
 
-def write_extents(storage: Path, name: str, extents: tuple[int, ...]) -> None:
+def _recorded_counts(path: Path) -> dict[str, Any]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def write_extents(storage: Path, name: str, extents: tuple[int, ...], key: str = SEARCH_COUNTS) -> None:
     """Record the counts before the extension runs: a signal in the extension leaves it resumable as such."""
     path = extents_path(storage, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, json.dumps({"extents": list(extents)}) + "\n")
+    write_text_atomically(path, json.dumps({**_recorded_counts(path), key: list(extents)}) + "\n")
 
 
-def planned_extents(recorded: tuple[int, ...], trials: int) -> tuple[int, ...]:
-    """The extents a run with --trials `trials` goes through: those recorded, plus `trials` when it is larger.
-    Fewer than the search already ran is refused: trials already run cannot be taken back."""
-    if trials > recorded[-1]:
-        return (*recorded, trials)
-    if trials < recorded[-1]:
+def planned_extents(recorded: tuple[int, ...], wanted: int, flag: str = "--trials",
+                    what: str = "this sweep's search ran {} trials") -> tuple[int, ...]:
+    """The extents a run with `wanted` (--trials, or --replicates) goes through: those recorded, plus `wanted`
+    when it is larger. Fewer than already ran is refused: runs already made cannot be taken back."""
+    if wanted > recorded[-1]:
+        return (*recorded, wanted) if recorded[-1] > 0 else (wanted,)
+    if wanted < recorded[-1]:
         grown = f" (extended from {recorded[0]})" if len(recorded) > 1 else ""
-        raise ExtentError(f"--resume: --trials: this sweep's search ran {recorded[-1]} trials{grown}, got {trials}; "
-                          f"give at least {recorded[-1]} (more extends the search)")
+        raise ExtentError(f"--resume: {flag}: {what.format(recorded[-1])}{grown}, got {wanted}; give at least "
+                          f"{recorded[-1]} (more extends it)")
     return recorded
 
 

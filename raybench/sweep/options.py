@@ -241,7 +241,8 @@ class SweepOptions:
                                     help="seeds for the selected config (default: the dataset's, e.g. camelyon17 10, "
                                          "else 3; 2 with --smoke), or auto: that many, then one more at a time until "
                                          "Welch's test tells it from --baseline (alpha 0.05 over all looks) or "
-                                         "--replicates-cap", fixed_on_resume=True)
+                                         "--replicates-cap; with --resume, more than a finished sweep ran adds "
+                                         "seeds to its selected config")  # judged by raybench.sweep.extension
     replicates_cap: int = option(
         DEFAULT_REPLICATES_CAP, flag="--replicates-cap", parse=positive_int, metavar="N", fixed_on_resume=True,
         help="with --replicates auto: the most replicates it runs (default 10)")

@@ -6,10 +6,12 @@ checked before Ray starts.
 """
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import dataclasses
 import gc
 import importlib
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +52,7 @@ from raybench.sweep import outcome, progress, state_seal
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, Attempt, ConvergeRule, run_until_converged, scale_text
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.extension import (
+    REPLICATE_COUNTS,
     ExtentError,
     extension_record,
     extension_suffix,
@@ -74,6 +77,7 @@ from raybench.sweep.space import (
     Param,
     ResolvedSpace,
     SearchSpace,
+    SpaceError,
     command_line_overrides,
     load_space,
     midpoints,
@@ -161,6 +165,11 @@ class Prepared:
     baseline_values: tuple[float, ...] = ()  # the baseline sweep's replicate values on the ranking column
     # The trial counts the search runs to: (--trials,), or those of a search that --resume --trials extends
     extents: tuple[int, ...] = ()
+    replicate_extents: tuple[int, ...] = ()  # the same for the selected config's replicates (--replicates)
+    # --replicates auto: the baseline sweep's own options, to add seeds to it as to this one; None where it cannot
+    # be grown from here (baseline_growth_note says why)
+    baseline_options: SweepOptions | None = None
+    baseline_growth_note: str = ""
     spend_limit: SpendLimit | None = None  # --budget
     budget_cut: BudgetCut | None = None  # where --budget stopped the search drawing
 
@@ -230,10 +239,12 @@ def prepare(options: SweepOptions, space: SearchSpace | None = None) -> Prepared
     _check_storage_for(name, storage, options.resume, uri)
     layout = report_layout(dataset)
     baseline = baseline_values(options, uri, ranking_key(layout["columns"])) if rule is not None else ()
+    grown_from, growth_note = baseline_options(options, uri) if rule is not None else (None, "")
     check_local_cluster(options)  # last: it may import Ray's resource module, which the start needs next anyway
     return Prepared(options, name, resolved, space.algorithm, metric, selection.label(dataset), list(dataset.metric_names), uri, storage,
                     dry_run.epochs, layout, replicate_rule=rule, baseline_values=baseline,
-                    spend_limit=parse_spend_limit(options.budget) if options.budget else None)
+                    spend_limit=parse_spend_limit(options.budget) if options.budget else None,
+                    baseline_options=grown_from, baseline_growth_note=growth_note)
 
 
 def replicates_by_default(smoke: bool, dataset: ShiftDataset) -> int:
@@ -266,6 +277,38 @@ def baseline_values(options: SweepOptions, uri: str, key: str) -> tuple[float, .
         raise OptionError(f"--baseline: sweep {options.baseline!r} has {len(values)} finished replicate(s) with a "
                           f"{key} value; a test needs at least 2")
     return values
+
+
+def baseline_options(options: SweepOptions, uri: str) -> tuple[SweepOptions | None, str]:
+    """The baseline sweep's options for a resume that adds seeds to it (--replicates auto grows both sides): read
+    back from the command that resumes it, on this sweep's cluster and store; (None, why not) where it cannot be
+    grown from here. Checked before any cluster work: its command must parse and its space be found."""
+    recorded = find_recorded_sweep(uri, options.baseline)
+    if recorded is None:  # baseline_values refused it already; a sweep gone since then grows nothing
+        return None, "it is not in the store"
+    if recorded.params.get("baseline", "None") not in ("None", ""):
+        return None, "it is a --replicates auto sweep itself, whose looks are its own"
+    words = shlex.split(recorded.resume_command or "")
+    if words[:2] != ["raybench", "sweep"] or not recorded.storage:
+        return None, "it recorded no `raybench sweep` command to resume it with (the Python API ran it)"
+    parser = argparse.ArgumentParser(prog="raybench sweep", add_help=False, exit_on_error=False)
+    sweep_options.add_arguments(parser)
+    try:
+        grown = sweep_options.from_namespace(parser.parse_args(words[2:]), resume_command=recorded.resume_command)
+        load_space(grown.space, grown.spaces)
+    except (argparse.ArgumentError, SystemExit, OptionError, SpaceError) as err:
+        return None, f"its command does not resume it from here ({err})"
+    return dataclasses.replace(grown, resume=True, storage=recorded.storage, tracking_uri=uri, address=options.address,
+                               quiet=options.quiet, progress_every=options.progress_every), ""
+
+
+def grow_baseline(prepared: Prepared, recorder: SweepRecorder, count: int) -> tuple[float, ...]:
+    """Resume the baseline sweep with `count` replicates (extend_replicates), in this driver and on its Ray, and
+    its replicate values on the ranking column after."""
+    assert prepared.baseline_options is not None
+    announce(f"replicates: adding seeds to the baseline {prepared.options.baseline}, up to {count}")
+    grown = run_sweep(prepare(dataclasses.replace(prepared.baseline_options, replicates=count)), recorder)
+    return outcome.replicate_values(grown.replicates.runs, ranking_key(prepared.report["columns"]))
 
 
 def _load_plugins(flags: tuple[str, ...]) -> None:
@@ -604,16 +647,28 @@ def recorded_extents(prepared: Prepared, recorded: RecordedSweep | None) -> tupl
     return read_extents(prepared.storage, prepared.name, started_with)
 
 
+def recorded_replicates(prepared: Prepared, recorded: RecordedSweep | None) -> tuple[int, ...]:
+    """The replicate counts the recorded sweep ran its selected config to; a new sweep's is its --replicates."""
+    if recorded is None:
+        return (prepared.options.replicates,)
+    try:
+        started_with = int(recorded.params.get("replicates", prepared.options.replicates))
+    except ValueError:
+        started_with = prepared.options.replicates
+    return read_extents(prepared.storage, prepared.name, started_with, REPLICATE_COUNTS)
+
+
 def extend_if_asked(prepared: Prepared, recorded: RecordedSweep | None) -> bool:
-    """Set the search's extents; True when this run extends the recorded search, whose new count is then written
-    before anything runs (a signal in the extension leaves it resumable as the extension it is)."""
+    """Set the search's and the replicates' extents; True when this run extends the recorded sweep, whose new
+    counts are then written before anything runs (a signal in the extension leaves it resumable as such)."""
+    grew_replicates = extend_replicates(prepared, recorded)
     before = recorded_extents(prepared, recorded)
     try:
         prepared.extents = planned_extents(before, prepared.options.trials)
     except ExtentError as err:
         raise OptionError(str(err)) from None
     if prepared.extents == before:
-        return False
+        return grew_replicates
     if not prepared.space.search:
         raise OptionError(f"--trials: sweep {prepared.name!r} searches nothing (one config), so it cannot be "
                           f"extended; expected --trials {before[-1]}")
@@ -626,6 +681,23 @@ def extend_if_asked(prepared: Prepared, recorded: RecordedSweep | None) -> bool:
     write_extents(prepared.storage, prepared.name, prepared.extents)
     announce(f"sweep {prepared.name}: extending its search from {before[-1]} to {prepared.extents[-1]} trials "
              f"(configs {before[-1] + 1}..{prepared.extents[-1]} of the same seeded stream)")
+    return True
+
+
+def extend_replicates(prepared: Prepared, recorded: RecordedSweep | None) -> bool:
+    """--resume --replicates N above the count a finished sweep ran: seeds N_before+1..N of the selected config's
+    seed stream (outcome.replicate_seeds), in their own experiment; fewer is refused."""
+    before = recorded_replicates(prepared, recorded)
+    try:
+        prepared.replicate_extents = planned_extents(before, prepared.options.replicates, "--replicates",
+                                                     "this sweep's selected config ran {} replicates")
+    except ExtentError as err:
+        raise OptionError(str(err)) from None
+    if prepared.replicate_extents == before:
+        return False
+    write_extents(prepared.storage, prepared.name, prepared.replicate_extents, REPLICATE_COUNTS)
+    announce(f"sweep {prepared.name}: adding replicates, from {before[-1]} to {prepared.replicate_extents[-1]} seeds "
+             f"of its selected config")
     return True
 
 
@@ -788,27 +860,31 @@ def _search_and_replicate(prepared: Prepared, tracker: SweepTracker, ray_session
         tracker.set_tags(tracker.parent_id, {SUPERSEDED_TAG: change.words()})
     replicates: list[TrialRecord] = []
     seeds: list[int] = []
-    if selected is not None and opts.replicates > 0:
-        seeds = outcome.replicate_seeds(selected.trial_id, opts.replicates)
-        announce(f"replicates: {len(seeds)} seeds of trial {selected.trial_id} (best of the search, "
+    counts = [count for count in prepared.replicate_extents or (opts.replicates,) if count > 0]
+    if selected is not None and counts:
+        announce(f"replicates: {counts[-1]} seeds of trial {selected.trial_id} (best of the search, "
                  f"{words} {selected.selection_value:.4f}), elapsed {duration(time.time() - started)}")
-        # One replicate experiment per selected trial id: a resume that selects another trial never reuses them.
-        replicate = spec(REPLICATE_STAGE, len(seeds), f"-{selected.trial_id}")
-        replicates, cut_short = _stage_records(
-            backend, lambda: backend.run_replicates(prepared.space, replicate, selected.sampled, seeds, opts.resume),
-            prepared.space, replicate)
-        _raise_if_interrupted(prepared, tracker, recorder, "replicates", replicates, len(seeds), started, cut_short,
-                              trials, selected, seeds)
-        if prepared.replicate_rule is not None:
-            def look(new_seeds: list[int], total: int) -> tuple[list[TrialRecord], bool]:
-                run = spec(REPLICATE_STAGE, len(new_seeds), f"-{selected.trial_id}-to{total}")
-                return _stage_records(backend, lambda: backend.run_replicates(
-                    prepared.space, run, selected.sampled, new_seeds, opts.resume), prepared.space, run)
 
-            replicates, seeds = replicates_until_settled(prepared, selected, replicates, seeds, look,
-                                                         lambda runs, ran, cut: _raise_if_interrupted(
-                                                             prepared, tracker, recorder, "replicates", runs,
-                                                             len(ran), started, cut, trials, selected, ran))
+        def look(new_seeds: list[int], total: int) -> tuple[list[TrialRecord], bool]:
+            """One replicate experiment per selected trial id (a resume that selects another trial never reuses
+            them): its first count's NAME-replicate-<id>, and each later count's own ...-to<count>."""
+            suffix = f"-{selected.trial_id}" + (f"-to{total}" if total > counts[0] else "")
+            run = spec(REPLICATE_STAGE, len(new_seeds), suffix)
+            return _stage_records(backend, lambda: backend.run_replicates(
+                prepared.space, run, selected.sampled, new_seeds, opts.resume), prepared.space, run)
+
+        def check(runs: list[TrialRecord], ran: list[int], cut: bool) -> None:
+            _raise_if_interrupted(prepared, tracker, recorder, "replicates", runs, len(ran), started, cut, trials,
+                                  selected, ran)
+
+        for earlier, count in zip((0, *counts), counts):
+            new = outcome.replicate_seeds(selected.trial_id, count)[earlier:]
+            more, cut_short = look(new, count)
+            replicates, seeds = replicates + more, seeds + new
+            check(replicates, seeds, cut_short)
+        if prepared.replicate_rule is not None:
+            grow = (lambda count: grow_baseline(prepared, recorder, count)) if prepared.baseline_options else None
+            replicates, seeds = replicates_until_settled(prepared, selected, replicates, seeds, look, check, grow)
     ray_session.stop_in_background()  # every trial is collected: the record below needs no Ray
     announce("results: writing the summary, the tables and the figures")
     summary = _summary(prepared, trials, selected, replicates, seeds, time.time() - started)
@@ -852,20 +928,30 @@ def spend_gate(prepared: Prepared, stage: str) -> SpendGate | None:
 
 def replicates_until_settled(prepared: Prepared, selected: TrialRecord, replicates: list[TrialRecord],
                              seeds: list[int], look: Callable[[list[int], int], tuple[list[TrialRecord], bool]],
-                             check: Callable[[list[TrialRecord], list[int], bool], None]
+                             check: Callable[[list[TrialRecord], list[int], bool], None],
+                             grow: Callable[[int], tuple[float, ...]] | None = None
                              ) -> tuple[list[TrialRecord], list[int]]:
     """--replicates auto: after the first replicates, one more seed per look (each its own Tune experiment,
     NAME-replicate-<trial>-to<n>, so a resume restores every look it started) until the rule decides the
     comparison with the baseline on the ranking column, or the cap. The seeds are the selected trial's
-    (replicate_seeds): the first n of n + 1 are the n already run, so a resume repeats every look exactly."""
+    (replicate_seeds): the first n of n + 1 are the n already run, so a resume repeats every look exactly.
+    `grow` (count -> the baseline's values) adds seeds to the baseline sweep the same way (grow_baseline): before
+    each decision the baseline has at least as many replicates as this sweep."""
     rule = prepared.replicate_rule
     assert rule is not None
     key = ranking_key(prepared.report["columns"])
+
+    def level_baseline(count: int) -> None:  # each side as many seeds, before each decision
+        if grow is not None and len(prepared.baseline_values) < count:
+            prepared.baseline_values = grow(count)
+
+    level_baseline(len(seeds))
     while (wanted := rule.next_count(len(seeds), outcome.replicate_values(replicates, key),
                                      prepared.baseline_values)) is not None:
         new = outcome.replicate_seeds(selected.trial_id, wanted)[len(seeds):]
         announce(f"replicates: not yet told apart from {prepared.options.baseline} on {key}; seed {wanted} of at "
                  f"most {rule.cap}")
+        level_baseline(wanted)
         more, cut_short = look(new, wanted)
         replicates, seeds = replicates + more, seeds + new
         check(replicates, seeds, cut_short)
@@ -936,7 +1022,10 @@ def replicate_rule_record(prepared: Prepared, replicates: list[TrialRecord]) -> 
     key = ranking_key(prepared.report["columns"])
     decided = rule.decided(outcome.replicate_values(replicates, key), prepared.baseline_values)
     return {REPLICATE_RULE_KEY: {"rule": rule.words(), "baseline": prepared.options.baseline, "column": key,
-                                 "replicates": len(replicates), "cap": rule.cap, "decided": decided}}
+                                 "replicates": len(replicates), "cap": rule.cap, "decided": decided,
+                                 "baseline_replicates": len(prepared.baseline_values),
+                                 "baseline_grown": prepared.baseline_options is not None,
+                                 "baseline_not_grown": prepared.baseline_growth_note or None}}
 
 
 def _summary(prepared: Prepared, trials: list[TrialRecord], selected: TrialRecord | None,

@@ -97,6 +97,7 @@ class RecordedSweep:
     status: str  # MLflow's: RUNNING, FINISHED, KILLED, FAILED
     state: SweepStanding
     storage: str | None = None  # the --storage its driver ran it from (STORAGE_TAG); None: recorded before it was kept
+    resume_command: str | None = None  # the command that resumes it (RESUME_TAG); None: the API ran it
 
 
 @reads_in_one_line
@@ -117,7 +118,7 @@ def find_recorded_sweep(uri: str, name: str) -> RecordedSweep | None:
         return None
     run = runs[0]
     return RecordedSweep(run.info.run_id, dict(run.data.params), run.info.status, sweep_state(run),
-                         run.data.tags.get(STORAGE_TAG))
+                         run.data.tags.get(STORAGE_TAG), run.data.tags.get(RESUME_TAG))
 
 
 @reads_in_one_line
