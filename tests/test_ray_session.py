@@ -234,7 +234,7 @@ def test_a_sweep_holds_no_stage_object_once_it_lets_ray_go(monkeypatch, tmp_path
     class Backend:  # what _search_and_replicate asks of ray_backend: a search of one trial, then one replicate
         class RunSpec:
             def __init__(self, *args, **kwargs) -> None:
-                self.completed = None
+                self.name, self.completed = args[0], None
 
             def with_callbacks(self, *callbacks):
                 return self
@@ -269,7 +269,9 @@ def test_a_sweep_holds_no_stage_object_once_it_lets_ray_go(monkeypatch, tmp_path
 
     options = SweepOptions(space="erm", trials=1, replicates=1)
     prepared = SimpleNamespace(options=options, name="s", storage=tmp_path, space=SimpleNamespace(search={}),
-                               selection_metric="val/acc", epochs=1, report={"split_labels": {}}, replicate_rule=None)
+                               selection_metric="val/acc", epochs=1, report={"split_labels": {}}, replicate_rule=None,
+                               extents=(1,), replicate_extents=(1,), spend_limit=None, budget_cut=None,
+                               baseline_options=None)
     with pytest.raises(LettingGo) as letting_go:
         runner._search_and_replicate(prepared, None, Session(), None, {}, recorder=None)
     assert letting_go.value.args[0] == [False, False], "a stage's objects were alive as Ray was let go"

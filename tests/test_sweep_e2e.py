@@ -227,6 +227,13 @@ def test_auto_replicates_add_seeds_against_the_baseline_sweep_until_the_rule_sto
     workdir, storage = tmp_path, tmp_path / "runs"
     shutil.copy(smoke_sweep["dir"] / "mlflow.db", tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # The copy's smoke sweep names the module's own storage, which its other tests read as it is: without the
+    # command that resumes it, the rule takes its replicates as recorded instead of adding seeds to it there
+    # (the baseline grown: tests/test_search_growth.py)
+    copied = MlflowClient(tracking_uri=uri)
+    [baseline_run] = copied.search_runs([e.experiment_id for e in copied.search_experiments()],
+                                        "tags.`raybench.sweep` = 'smoke' and tags.stage = 'sweep'")
+    copied.delete_tag(baseline_run.info.run_id, "raybench.resume_command")
     done = run_cli(on_head(["sweep", "dann", "--smoke", "--seed", str(SEED + 1), "--name", "auto", "--storage",
                             str(storage), "--tracking-uri", uri, "--replicates", "auto",
                             "--replicates-cap", "3", "--baseline", "smoke"], ray_head), smoke_sweep["env"], workdir)
@@ -244,6 +251,8 @@ def test_auto_replicates_add_seeds_against_the_baseline_sweep_until_the_rule_sto
     assert len(seeds) == (2 if decided else 3)  # a second look exactly when the first did not decide
     assert (storage / f"auto-replicate-{selected}-to3").is_dir() == (len(seeds) == 3)
     assert record["baseline"] == "smoke" and record["replicates"] == len(seeds) and record["cap"] == 3
+    assert record["baseline_grown"] is False and "no `raybench sweep` command" in record["baseline_not_grown"]
+    assert record["baseline_replicates"] == len(smoke_sweep["summary"]["replicates"]["runs"])
     shown = run_cli(["results", "auto", "--tracking-uri", uri], smoke_sweep["env"], workdir)
     assert f"Replicates: {len(seeds)}, " in shown.stdout and "against smoke on test/acc" in shown.stdout
 

@@ -46,7 +46,7 @@ from raybench.report.forecast import Forecast, forecast_text
 from raybench.sweep.benchmark_file import Benchmark, Binding, Pair, Refused
 from raybench.sweep.converge import ConvergeRule, Counted, counting_attempt
 from raybench.sweep.errors import OptionError, SweepExists
-from raybench.sweep.extension import EXTENSION_KEY
+from raybench.sweep.extension import EXTENSION_KEY, stage_folders
 from raybench.sweep.options import SweepOptions, command_words, setting_word
 from raybench.sweep.progress import LiveBoard, Row, duration, live_board
 from raybench.sweep.progress import say as say_shown
@@ -217,7 +217,7 @@ def runs_done(storage: Path, pair: Pair, rule: ConvergeRule | None = None) -> in
     attempt under the convergence rule."""
     total = 0
     for sweep in rule.names(pair.sweep) if rule is not None else [pair.sweep]:
-        folders = [storage / f"{sweep}-search" / "completed", *storage.glob(f"{sweep}-replicate-*/completed")]
+        folders = [stage / "completed" for stage in stage_folders(storage, sweep)]
         total += sum(len(list(folder.glob("*.json"))) for folder in folders if folder.is_dir())
     return total
 

@@ -30,6 +30,7 @@ from raybench.records import TrialRecord
 from raybench.sweep import outcome
 
 EXTENTS_FILE = "search.json"
+REPLAYED_SAMPLERS = ("random",)  # samplers whose draws do not depend on results: an extension replays them draw for draw
 EXTENSION_KEY = "search_extents"  # summary.report's record of an extended search
 
 
@@ -40,6 +41,13 @@ class ExtentError(ValueError):
 def extension_suffix(count: int) -> str:
     """The extension experiment's suffix after NAME-search: one experiment per count the search was grown to."""
     return f"-to{count}"
+
+
+def stage_folders(storage: Path, name: str) -> list[Path]:
+    """The Tune experiments of sweep `name` under `storage`: its search, the search's extensions and every
+    replicate experiment (the first count's and each later one's)."""
+    return [storage / f"{name}-search", *sorted(storage.glob(f"{name}-search-to*")),
+            *sorted(storage.glob(f"{name}-replicate-*"))]
 
 
 def extents_path(storage: Path, name: str) -> Path:

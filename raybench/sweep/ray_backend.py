@@ -3,7 +3,7 @@
 module of the backend that does its job. The backend's modules, `raybench/sweep/ray_*.py`, are the only code that
 imports Ray Tune and Ray Train (their APIs move between releases):
 
-- ray_cluster.py: the cluster's lifecycle. `connect` (join a cluster or start a private one, with the
+- ray_cluster.py: the cluster's lifecycle. `already_connected`, `connect` (join a cluster or start a private one, with the
   `trial_driver` resource), `start_shared_cluster` (a benchmark's private Ray), `probe_address`,
   `check_resources`, the `NodeWatch` of the driver's node, `node_temp_dir`, `capacity_words`, `shutdown`; the
   settings Ray reads from the environment, and the removal of Ray's colour reset at exit.
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 # First: ray_cluster sets what Ray and Tune read from the environment before it imports Ray.
 from raybench.sweep.ray_cluster import (  # isort: skip
+    already_connected,
     capacity_words,
     check_resources,
     connect,
@@ -72,8 +73,29 @@ from raybench.sweep.ray_search import (
 from raybench.sweep.ray_trial import EarlyStopping, Resources, TrainPath
 
 __all__ = [  # what the runner, the benchmark, the sweep process and benchmarks/ use; and the classes Tune pickles
-    "CooperativeASHA", "DistinctOptunaSearch", "EarlyStopping", "ProgressCallback", "QueuedSearch", "Resources",
-    "RunRecords", "RunSpec", "StorageWatch", "TrackingCallback", "TrainPath", "capacity_words", "check_resources",
-    "collect", "connect", "cut_short", "make_trainable", "node_temp_dir", "probe_address", "run_extension", "run_replicates",
-    "run_search", "shutdown", "start_shared_cluster",
+    "CooperativeASHA",
+    "DistinctOptunaSearch",
+    "EarlyStopping",
+    "ProgressCallback",
+    "QueuedSearch",
+    "Resources",
+    "RunRecords",
+    "RunSpec",
+    "StorageWatch",
+    "TrackingCallback",
+    "TrainPath",
+    "already_connected",
+    "capacity_words",
+    "check_resources",
+    "collect",
+    "connect",
+    "cut_short",
+    "make_trainable",
+    "node_temp_dir",
+    "probe_address",
+    "run_extension",
+    "run_replicates",
+    "run_search",
+    "shutdown",
+    "start_shared_cluster",
 ]

@@ -53,6 +53,11 @@ DRIVER_RESOURCE = "trial_driver"
 
 
 # ----- connecting -----------------------------------------------------------------------------------
+def already_connected() -> bool:
+    """Whether this process holds a Ray already: `connect` then joins nothing and leaves it as it found it."""
+    return ray.is_initialized()
+
+
 def connect(address: str | None, driver_slots: int, queues: dict[str, int] | None = None,
             py_modules: list[str] | None = None) -> bool:
     """Join a cluster (`address`) or start a private local one; make sure trial drivers can be placed.

@@ -30,6 +30,7 @@ from raybench.records import TrialRecord
 from raybench.report_keys import SELECTION_BEST
 from raybench.sweep import state_seal
 from raybench.sweep.atomic_storage import atomic_local_filesystem
+from raybench.sweep.extension import REPLAYED_SAMPLERS
 from raybench.sweep.ray_callbacks import FULL_STORAGE, StorageWatch
 from raybench.sweep.ray_cluster import DRIVER_RESOURCE
 from raybench.sweep.ray_trial import (
@@ -325,9 +326,6 @@ def run_extension(space: ResolvedSpace, spec: RunSpec, earlier: list[TrialRecord
 
     with spending_watched(gate):
         return _fit_or_resume(spec, trainable, make_tuner, resume)
-
-
-REPLAYED_SAMPLERS = ("random",)  # those whose draws do not depend on results: replayed draw for draw
 
 
 def replayed_searcher(space: ResolvedSpace, sampler: str, seed: int,

@@ -52,6 +52,7 @@ from raybench.sweep import outcome, progress, state_seal
 from raybench.sweep.converge import DEFAULT_ATTEMPTS, Attempt, ConvergeRule, run_until_converged, scale_text
 from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInterrupted
 from raybench.sweep.extension import (
+    REPLAYED_SAMPLERS,
     REPLICATE_COUNTS,
     ExtentError,
     extension_record,
@@ -679,8 +680,10 @@ def extend_if_asked(prepared: Prepared, recorded: RecordedSweep | None) -> bool:
                           f"{before[-1]} configs, so it has no next config to extend from; expected --trials "
                           f"{before[-1]} (a resume then finishes it as it stands)")
     write_extents(prepared.storage, prepared.name, prepared.extents)
-    announce(f"sweep {prepared.name}: extending its search from {before[-1]} to {prepared.extents[-1]} trials "
-             f"(configs {before[-1] + 1}..{prepared.extents[-1]} of the same seeded stream)")
+    drawn = (f"configs {before[-1] + 1}..{prepared.extents[-1]} of the same seeded stream"
+             if prepared.options.sampler in REPLAYED_SAMPLERS else
+             f"{prepared.options.sampler} told the {before[-1]} trials' results first")
+    announce(f"sweep {prepared.name}: extending its search from {before[-1]} to {prepared.extents[-1]} trials ({drawn})")
     return True
 
 
@@ -779,8 +782,11 @@ class RaySession:
         self.backend = ray_backend
         address = cluster_address(self.options.address)
         began = time.monotonic()
-        announce(f"Ray: joining the cluster at {sweep_options.shown_address(address)}" if address else
-                 "Ray: starting a private Ray on this machine")
+        if ray_backend.already_connected():  # a library caller's, or the driver's own (a baseline grown beside it)
+            announce("Ray: the Ray this process holds already")
+        else:
+            announce(f"Ray: joining the cluster at {sweep_options.shown_address(address)}" if address else
+                     "Ray: starting a private Ray on this machine")
         self.connected = ray_backend.connect(address, driver_slots=max(self.options.max_concurrent, 1) * 2,
                                              py_modules=runtime_env_modules())
         announce(f"Ray: ready in {duration(time.monotonic() - began)}{ray_backend.capacity_words()}")

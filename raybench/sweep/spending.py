@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from raybench.paths import write_text_atomically
+from raybench.sweep.extension import stage_folders
 
 WALL, GPU = "wall-clock", "GPU"
 CUT_FILE = "budget-cut.json"  # in a search stage's folder: the gate stopped drawing there
@@ -108,8 +109,7 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
 def sweep_runs(storage: Path, name: str) -> list[RunCost]:
     """Every finished run of sweep `name` under `storage`: its search (and extensions) and its replicates."""
     runs = []
-    folders = [storage / f"{name}-search", *storage.glob(f"{name}-search-to*"), *storage.glob(f"{name}-replicate-*")]
-    for folder in sorted(f / "completed" for f in folders):
+    for folder in (stage / "completed" for stage in stage_folders(storage, name)):
         search = folder.parent.name.startswith(f"{name}-search")
         for path in sorted(folder.glob("*.json")):
             try:
