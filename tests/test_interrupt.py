@@ -7,7 +7,6 @@ SIGKILL tests run on private Rays)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from clusters import LocalHead
 from helpers.cli import cli, on_head, run_cli
 from helpers.paths import BIN
+from helpers.processes import signal_and_collect
 from mlflow.tracking import MlflowClient
 
 from raybench.sweep.outcome import replicate_seeds
@@ -46,16 +46,7 @@ def _interrupt_after(tmp_path: Path, env: dict, args: list[str], pattern: str,
         time.sleep(0.5)
     assert proc.poll() is None, f"the sweep ended before it could be interrupted:\n{proc.communicate()[1][-3000:]}"
     assert _completed(tmp_path, pattern), f"no run of {pattern} finished within {WAIT_S} s"
-    if sig == signal.SIGINT:
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        proc.send_signal(sig)
-    try:
-        out, err = proc.communicate(timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return signal_and_collect(proc, sig, WAIT_S)
 
 
 def _runs(uri: str) -> list:

@@ -3,7 +3,6 @@ Ray head with a real MLflow store, each through a signal and a `--resume`, as a 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 from clusters import LocalHead
 from helpers.cli import on_head, run_cli
 from helpers.paths import BIN
+from helpers.processes import signal_and_collect
 from mlflow.tracking import MlflowClient
 
 from raybench.data import load_dataset
@@ -47,16 +47,7 @@ def _signal_after_a_run(args: list[str], env: dict, cwd: Path, folder: Path, sig
     while time.monotonic() < deadline and proc.poll() is None and ended() < wanted:
         time.sleep(0.2)
     assert proc.poll() is None, f"the sweep ended before the signal:\n{proc.communicate()[1][-3000:]}"
-    if sig == signal.SIGINT:
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        proc.send_signal(sig)
-    try:
-        out, err = proc.communicate(timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return signal_and_collect(proc, sig, WAIT_S)
 
 
 def _summary(storage: Path, name: str) -> dict:

@@ -54,6 +54,7 @@ from raybench.sweep.errors import OptionError, SweepBusy, SweepExists, SweepInte
 from raybench.sweep.extension import (
     REPLAYED_SAMPLERS,
     REPLICATE_COUNTS,
+    SEARCH_COUNTS,
     ExtentError,
     extension_record,
     extension_suffix,
@@ -637,33 +638,25 @@ def run_sweep(prepared: Prepared, recorder: SweepRecorder) -> SweepSummary:
         return _run_locked(prepared, lock, recorder)
 
 
-def recorded_extents(prepared: Prepared, recorded: RecordedSweep | None) -> tuple[int, ...]:
-    """The counts the recorded sweep's search ran to; a new sweep's is its --trials."""
+def recorded_counts(prepared: Prepared, recorded: RecordedSweep | None, field: str,
+                    key: str = SEARCH_COUNTS) -> tuple[int, ...]:
+    """The counts the recorded sweep ran `field` to (trials: its search, SEARCH_COUNTS; replicates: its selected
+    config's, REPLICATE_COUNTS); a new sweep's is the option as given."""
+    given = getattr(prepared.options, field)
     if recorded is None:
-        return (prepared.options.trials,)
+        return (given,)
     try:
-        started_with = int(recorded.params.get("trials", prepared.options.trials))
+        started_with = int(recorded.params.get(field, given))
     except ValueError:
-        started_with = prepared.options.trials
-    return read_extents(prepared.storage, prepared.name, started_with)
-
-
-def recorded_replicates(prepared: Prepared, recorded: RecordedSweep | None) -> tuple[int, ...]:
-    """The replicate counts the recorded sweep ran its selected config to; a new sweep's is its --replicates."""
-    if recorded is None:
-        return (prepared.options.replicates,)
-    try:
-        started_with = int(recorded.params.get("replicates", prepared.options.replicates))
-    except ValueError:
-        started_with = prepared.options.replicates
-    return read_extents(prepared.storage, prepared.name, started_with, REPLICATE_COUNTS)
+        started_with = given
+    return read_extents(prepared.storage, prepared.name, started_with, key)
 
 
 def extend_if_asked(prepared: Prepared, recorded: RecordedSweep | None) -> bool:
     """Set the search's and the replicates' extents; True when this run extends the recorded sweep, whose new
     counts are then written before anything runs (a signal in the extension leaves it resumable as such)."""
     grew_replicates = extend_replicates(prepared, recorded)
-    before = recorded_extents(prepared, recorded)
+    before = recorded_counts(prepared, recorded, "trials")
     try:
         prepared.extents = planned_extents(before, prepared.options.trials)
     except ExtentError as err:
@@ -690,7 +683,7 @@ def extend_if_asked(prepared: Prepared, recorded: RecordedSweep | None) -> bool:
 def extend_replicates(prepared: Prepared, recorded: RecordedSweep | None) -> bool:
     """--resume --replicates N above the count a finished sweep ran: seeds N_before+1..N of the selected config's
     seed stream (outcome.replicate_seeds), in their own experiment; fewer is refused."""
-    before = recorded_replicates(prepared, recorded)
+    before = recorded_counts(prepared, recorded, "replicates", REPLICATE_COUNTS)
     try:
         prepared.replicate_extents = planned_extents(before, prepared.options.replicates, "--replicates",
                                                      "this sweep's selected config ran {} replicates")

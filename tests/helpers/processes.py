@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -53,3 +54,19 @@ def signal_and_wait(procs: list, sig: int, timeout: float) -> tuple[list, list]:
         except psutil.Error:
             pass
     return psutil.wait_procs(procs, timeout=timeout)
+
+
+def signal_and_collect(proc: subprocess.Popen, sig: int, timeout: float) -> subprocess.CompletedProcess:
+    """Send `sig` to a raybench command started in its own session: SIGINT to its process group, as a Ctrl-C in
+    its terminal; any other signal to the driver alone, as `ray job stop` or a scheduler's preemption. Then its
+    exit status and output, killing the group should it outlive `timeout`."""
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
